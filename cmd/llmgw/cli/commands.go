@@ -1,0 +1,25 @@
+package cli
+
+import "github.com/spf13/cobra"
+
+// subcommands lists every top-level command. Add new commands here, once.
+func subcommands(io *IOStreams) []*cobra.Command {
+	return []*cobra.Command{
+		newVersionCmd(io),
+	}
+}
+
+// Version is set at build time with -ldflags "-X .../cli.Version=...".
+var Version = "dev"
+
+func newVersionCmd(io *IOStreams) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the llmgw version",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			_, err := io.Out.Write([]byte("llmgw " + Version + "\n"))
+			return err
+		},
+	}
+}

@@ -1,0 +1,106 @@
+// Package cli holds llmgw's cobra commands. Commands are thin: they parse
+// flags into an options struct and call a run function in a library package.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// Main runs llmgw with args and returns the process exit code.
+func Main(ctx context.Context, args []string, io *IOStreams) ExitCode {
+	root := NewRootCmd(io)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	code := exitCodeFor(err)
+	if err != nil && err.Error() != "" {
+		fmt.Fprintf(io.ErrOut, "llmgw: %v\n", err)
+	}
+	if code == ExitUsage {
+		fmt.Fprintln(io.ErrOut, "run 'llmgw --help' (or 'llmgw <command> --help') for usage")
+	}
+	return code
+}
+
+// NewRootCmd builds the command tree. Each subcommand registers itself in
+// subcommands below; the list is explicit so duplicates are caught at compile
+// time rather than by init order.
+func NewRootCmd(io *IOStreams) *cobra.Command {
+	v := viper.New()
+	root := &cobra.Command{
+		Use:   "llmgw",
+		Short: "Cache-aware LLM inference gateway and qualification lab",
+		Long: `llmgw is one binary with two halves:
+
+  the gateway   llmgw serve      OpenAI-compatible full proxy with round robin, session
+                                 affinity, CHWBL content affinity, KV-exact routing and
+                                 prefill/decode disaggregation, health checks and metrics
+                llmgw rule       manage the gateway's rules over its admin API
+
+  the lab       llmgw sim        engine simulators (vLLM, SGLang, TensorRT-LLM, llama.cpp)
+
+Every flag can also be set with an environment variable LLMGW_<FLAG> (dashes
+become underscores, e.g. LLMGW_STATE_DIR) or in a YAML config file given with
+--config. Flags win over the environment, which wins over the file.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return loadConfig(cmd, v)
+		},
+	}
+	root.SetOut(io.Out)
+	root.SetErr(io.ErrOut)
+	root.PersistentFlags().String("config", "", "YAML config file whose keys are flag names (e.g. listen: 127.0.0.1:8080)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &UsageError{Err: err} })
+	for _, sub := range subcommands(io) {
+		root.AddCommand(sub)
+	}
+	return root
+}
+
+// loadConfig fills every flag the user did not set from the environment
+// (LLMGW_*) or the config file, so all three sources share one set of names.
+func loadConfig(cmd *cobra.Command, v *viper.Viper) error {
+	v.SetEnvPrefix("LLMGW")
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	v.AutomaticEnv()
+	if path, _ := cmd.Flags().GetString("config"); path != "" {
+		v.SetConfigFile(path)
+		if err := v.ReadInConfig(); err != nil {
+			return &UsageError{Err: fmt.Errorf("config file %s: %w", path, err)}
+		}
+	}
+	var firstErr error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Changed || f.Name == "config" || f.Name == "help" || !v.IsSet(f.Name) {
+			return
+		}
+		val := v.Get(f.Name)
+		var s string
+		switch x := val.(type) {
+		case []any:
+			parts := make([]string, len(x))
+			for i := range x {
+				parts[i] = fmt.Sprint(x[i])
+			}
+			s = strings.Join(parts, ",")
+		default:
+			s = fmt.Sprint(x)
+		}
+		if err := cmd.Flags().Set(f.Name, s); err != nil && firstErr == nil {
+			firstErr = &UsageError{Err: fmt.Errorf("--%s from environment or config: %w", f.Name, err)}
+		}
+	})
+	return firstErr
+}
+
+// usageErrorf returns a UsageError: the command was called wrongly and nothing
+// was started.
+func usageErrorf(format string, a ...any) error {
+	return &UsageError{Err: fmt.Errorf(format, a...)}
+}
