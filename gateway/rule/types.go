@@ -1,0 +1,124 @@
+// Package rule defines the gateway's rule schema (DESIGN §4), decodes rules
+// strictly from JSON or YAML, resolves defaults, and runs the ordered
+// admission checks. It imports nothing of the gateway's runtime, so the admin
+// API, the CLI client and the tests share one definition.
+package rule
+
+// Rule is one routing rule: a pool of endpoints serving one model name on one
+// listener. Field names and JSON tags are the wire contract operators know
+// from the reference gateway; do not rename them.
+//
+// A Rule value as decoded holds what the operator wrote. Effective() returns
+// a copy with every default resolved; that copy is what the gateway runs and
+// what GET returns.
+type Rule struct {
+	Name      string `json:"name"`
+	ModelName string `json:"model_name"`
+	// Listen is a dedicated "host:port"; "" means the shared data-plane
+	// listener. Rules with the same Listen form per-model pools.
+	Listen string `json:"listen,omitempty"`
+	// Mode is "fullproxy" (4 accepted as a synonym); the only mode.
+	Mode Mode `json:"mode,omitempty"`
+	// Sel: 0 rr, 2 weighted rr, 3 session affinity, 4 least in-flight,
+	// 8 CHWBL, 10 weighted CHWBL.
+	Sel int `json:"sel"`
+	// SessionHeaderName: "<Header-Name>", "cookie:<NAME>" or "query:<NAME>";
+	// the body's "user" is the fallback key.
+	SessionHeaderName string   `json:"session_header_name,omitempty"`
+	SessionTTL        Duration `json:"session_ttl,omitempty"`
+
+	KVEngineType  string  `json:"kvEngineType,omitempty"`
+	KVExactMode   int     `json:"kvExactMode,omitempty"`
+	KVHashAlgo    string  `json:"kvHashAlgo,omitempty"`
+	KVHashSeed    *string `json:"kvHashSeed,omitempty"`
+	KVBlockSize   int     `json:"kvBlockSize,omitempty"`
+	KVZmqPort     int     `json:"kvZmqPort,omitempty"`
+	KVDpRankCount int     `json:"kvDpRankCount,omitempty"`
+	KVWarmupSec   int     `json:"kvWarmupSec,omitempty"`
+	// KVTokenizer: "" or "builtin" (the simulator's tokenizer), "engine" (ask a
+	// worker's /tokenize), or a path to a tokenizer.json.
+	KVTokenizer string `json:"kvTokenizer,omitempty"`
+
+	PDDisaggMode    bool `json:"pd_disagg_mode,omitempty"`
+	PDBootstrapPort int  `json:"pdBootstrapPort,omitempty"`
+
+	CBEnable *bool    `json:"cb_enable,omitempty"`
+	CB       CBConfig `json:"cb,omitempty"`
+
+	CHWBL    CHWBLConfig    `json:"chwbl,omitempty"`
+	Probe    ProbeConfig    `json:"probe,omitempty"`
+	Timeouts TimeoutsConfig `json:"timeouts,omitempty"`
+
+	Endpoints []Endpoint `json:"endpoints"`
+}
+
+// Endpoint is one worker of a rule.
+type Endpoint struct {
+	// ID is unique within the rule and names the endpoint in the REST API,
+	// headers and metrics. Default: "<endpointIP>:<targetPort>".
+	ID         string `json:"id,omitempty"`
+	EndpointIP string `json:"endpointIP"`
+	TargetPort int    `json:"targetPort"`
+	// Weight is used by sel 2 and 10; default 1; range 1..1000. Weight 0 is
+	// refused: drain an endpoint with the drain API instead.
+	Weight *int `json:"weight,omitempty"`
+	// EPRole: 0 normal, 1 prefill (TRT-LLM: context), 2 decode (generation).
+	EPRole int `json:"ep_role,omitempty"`
+	// KVEventsEndpoint overrides the rule-level tcp://<endpointIP>:<kvZmqPort>.
+	KVEventsEndpoint string `json:"kvEventsEndpoint,omitempty"`
+	// KVReplayEndpoint overrides the rule-level replay address (kvZmqPort+1000).
+	KVReplayEndpoint string `json:"kvReplayEndpoint,omitempty"`
+	// BootstrapPort overrides pdBootstrapPort for this prefill endpoint.
+	BootstrapPort int `json:"bootstrapPort,omitempty"`
+	// NixlPort is the vLLM KV-transfer side-channel port; default targetPort.
+	NixlPort int `json:"nixl_port,omitempty"`
+}
+
+// CBConfig tunes the per-endpoint circuit breaker and origin-5xx demotion.
+type CBConfig struct {
+	// Failures: consecutive connection failures or timeouts that open the
+	// breaker. Default 5 (3 on P/D rules).
+	Failures int `json:"failures,omitempty"`
+	// OpenFor: how long the breaker stays open before half-open trials.
+	// Default 30s.
+	OpenFor Duration `json:"open_for,omitempty"`
+	// HalfOpenTrials: requests admitted while half-open. Default 3.
+	HalfOpenTrials int `json:"half_open_trials,omitempty"`
+	// Origin5xx: consecutive origin 5xx answers that open the breaker.
+	// Default 3; -1 disables demotion.
+	Origin5xx int `json:"origin_5xx,omitempty"`
+}
+
+// CHWBLConfig tunes consistent hashing with bounded loads (sel 8 and 10).
+type CHWBLConfig struct {
+	// LoadFactor c: an endpoint is over the bound when its in-flight count
+	// would exceed ceil(c * mean in-flight). Default 1.25; range 1..10.
+	LoadFactor float64 `json:"load_factor,omitempty"`
+	// Replicas: virtual nodes per endpoint (sel 8) or in total per unit of
+	// weight (sel 10). Default 160; range 1..4096.
+	Replicas int `json:"replicas,omitempty"`
+	// PrefixBytes: bytes of the conversation or prompt that enter the key.
+	// Default 2048; range 1..1048576.
+	PrefixBytes int `json:"prefix_bytes,omitempty"`
+}
+
+// ProbeConfig tunes the active health probe.
+type ProbeConfig struct {
+	Path      string   `json:"path,omitempty"`      // default "/health"
+	Interval  Duration `json:"interval,omitempty"`  // default 5s
+	Timeout   Duration `json:"timeout,omitempty"`   // default 2s; must not exceed interval
+	Failures  int      `json:"failures,omitempty"`  // consecutive failures to mark down; default 2
+	Successes int      `json:"successes,omitempty"` // consecutive successes to mark up; default 1
+	// Disabled turns active probing off; endpoints are then healthy unless the
+	// breaker says otherwise.
+	Disabled bool `json:"disabled,omitempty"`
+}
+
+// TimeoutsConfig bounds each phase of a proxied request.
+type TimeoutsConfig struct {
+	Connect   Duration `json:"connect,omitempty"`    // default 2s
+	FirstByte Duration `json:"first_byte,omitempty"` // response headers; default 60s
+	Idle      Duration `json:"idle,omitempty"`       // between body reads/SSE events; default 120s
+	// Prefill bounds a P/D prefill leg; default 30s.
+	Prefill Duration `json:"prefill,omitempty"`
+}
