@@ -1,0 +1,257 @@
+// Package openai extracts what the gateway needs from an OpenAI-compatible
+// completion request body: the model, the stream flag, the session fallback
+// ("user") and the content-affinity key. It validates the types of the
+// fields it reads, so a malformed request is refused before it reaches a
+// worker, and it never retains the body.
+package openai
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/valyala/fastjson"
+)
+
+// Kind is the request's API shape.
+type Kind uint8
+
+const (
+	Chat       Kind = iota // /v1/chat/completions: "messages"
+	Completion             // /v1/completions: "prompt"
+)
+
+// ErrInvalid is wrapped by every error Parse returns: the body is not a
+// valid request (HTTP 400). errors.Is(err, ErrInvalid) holds for all of them.
+var ErrInvalid = errors.New("invalid request")
+
+// Request is the parsed view of one body. Byte slices point into the
+// Parser's memory and are valid only until the Parser is reused; copy what
+// must outlive the request.
+type Request struct {
+	Kind   Kind
+	Model  []byte
+	Stream bool
+	// IncludeUsage is stream_options.include_usage (absent → false).
+	IncludeUsage bool
+	User         []byte // body "user"; nil when absent
+	// KeyHash is the content-affinity key: xxhash of the model and the first
+	// PrefixBytes of the conversation (each message as "role\x00content\x00")
+	// or of the prompt. HasKey is false when there is no content to hash.
+	KeyHash uint64
+	HasKey  bool
+	// PromptBytes is the total size of the prompt text or message contents.
+	PromptBytes int
+}
+
+// Parse parses body as a request of kind k into out, hashing at most
+// prefixBytes of its content into the affinity key. p is reused between
+// calls (from a fastjson.ParserPool); Parse does not allocate once p has
+// warmed up.
+func Parse(p *fastjson.Parser, body []byte, k Kind, prefixBytes int, out *Request) error {
+	*out = Request{Kind: k}
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return fmt.Errorf("%w: body is not valid JSON: %v", ErrInvalid, err)
+	}
+	if v.Type() != fastjson.TypeObject {
+		return fmt.Errorf("%w: body must be a JSON object, not %s", ErrInvalid, v.Type())
+	}
+	mv := v.Get("model")
+	if mv == nil {
+		return fmt.Errorf("%w: missing required field \"model\"", ErrInvalid)
+	}
+	if mv.Type() != fastjson.TypeString {
+		return fmt.Errorf("%w: field \"model\" must be a string, not %s", ErrInvalid, mv.Type())
+	}
+	out.Model, _ = mv.StringBytes()
+
+	if sv := v.Get("stream"); sv != nil && sv.Type() != fastjson.TypeNull {
+		b, err := sv.Bool()
+		if err != nil {
+			return fmt.Errorf("%w: field \"stream\" must be a boolean, not %s", ErrInvalid, sv.Type())
+		}
+		out.Stream = b
+	}
+	if so := v.Get("stream_options"); so != nil && so.Type() != fastjson.TypeNull {
+		if so.Type() != fastjson.TypeObject {
+			return fmt.Errorf("%w: field \"stream_options\" must be an object, not %s", ErrInvalid, so.Type())
+		}
+		if iu := so.Get("include_usage"); iu != nil {
+			b, err := iu.Bool()
+			if err != nil {
+				return fmt.Errorf("%w: field \"stream_options.include_usage\" must be a boolean", ErrInvalid)
+			}
+			out.IncludeUsage = b
+		}
+	}
+	if uv := v.Get("user"); uv != nil && uv.Type() != fastjson.TypeNull {
+		if uv.Type() != fastjson.TypeString {
+			return fmt.Errorf("%w: field \"user\" must be a string, not %s", ErrInvalid, uv.Type())
+		}
+		out.User, _ = uv.StringBytes()
+	}
+
+	h := keyHasher{left: prefixBytes}
+	h.d.Reset()
+	_, _ = h.d.Write(out.Model)
+	_, _ = h.d.WriteString("\x00")
+	switch k {
+	case Chat:
+		if err := parseMessages(v.Get("messages"), &h, out); err != nil {
+			return err
+		}
+	case Completion:
+		if err := parsePrompt(v.Get("prompt"), &h, out); err != nil {
+			return err
+		}
+	}
+	if h.wrote {
+		out.KeyHash, out.HasKey = h.d.Sum64(), true
+	}
+	return nil
+}
+
+// keyHasher feeds at most left bytes of content into an xxhash digest.
+type keyHasher struct {
+	d     xxhash.Digest
+	left  int
+	wrote bool
+}
+
+func (h *keyHasher) write(b []byte) {
+	if h.left <= 0 || len(b) == 0 {
+		return
+	}
+	if len(b) > h.left {
+		b = b[:h.left]
+	}
+	_, _ = h.d.Write(b)
+	h.left -= len(b)
+	h.wrote = true
+}
+
+func (h *keyHasher) sep() {
+	if h.left > 0 {
+		_, _ = h.d.WriteString("\x00")
+	}
+}
+
+func parseMessages(mv *fastjson.Value, h *keyHasher, out *Request) error {
+	if mv == nil {
+		return fmt.Errorf("%w: missing required field \"messages\"", ErrInvalid)
+	}
+	msgs, err := mv.Array()
+	if err != nil {
+		return fmt.Errorf("%w: field \"messages\" must be an array, not %s", ErrInvalid, mv.Type())
+	}
+	if len(msgs) == 0 {
+		return fmt.Errorf("%w: field \"messages\" must not be empty", ErrInvalid)
+	}
+	for i, m := range msgs {
+		if m.Type() != fastjson.TypeObject {
+			return fmt.Errorf("%w: messages[%d] must be an object, not %s", ErrInvalid, i, m.Type())
+		}
+		rv := m.Get("role")
+		if rv == nil || rv.Type() != fastjson.TypeString {
+			return fmt.Errorf("%w: messages[%d].role must be a string", ErrInvalid, i)
+		}
+		role, _ := rv.StringBytes()
+		h.write(role)
+		h.sep()
+		cv := m.Get("content")
+		if cv != nil {
+			switch cv.Type() {
+			case fastjson.TypeString:
+				c, _ := cv.StringBytes()
+				h.write(c)
+				out.PromptBytes += len(c)
+			case fastjson.TypeArray:
+				parts, _ := cv.Array()
+				for j, part := range parts {
+					if part.Type() != fastjson.TypeObject {
+						return fmt.Errorf("%w: messages[%d].content[%d] must be an object", ErrInvalid, i, j)
+					}
+					if tv := part.Get("text"); tv != nil {
+						if tv.Type() != fastjson.TypeString {
+							return fmt.Errorf("%w: messages[%d].content[%d].text must be a string", ErrInvalid, i, j)
+						}
+						c, _ := tv.StringBytes()
+						h.write(c)
+						out.PromptBytes += len(c)
+					}
+				}
+			case fastjson.TypeNull:
+				// assistant tool-call turns carry content: null
+			default:
+				return fmt.Errorf("%w: messages[%d].content must be a string or an array of parts, not %s", ErrInvalid, i, cv.Type())
+			}
+		}
+		h.sep()
+	}
+	return nil
+}
+
+func parsePrompt(pv *fastjson.Value, h *keyHasher, out *Request) error {
+	if pv == nil {
+		return fmt.Errorf("%w: missing required field \"prompt\"", ErrInvalid)
+	}
+	switch pv.Type() {
+	case fastjson.TypeString:
+		c, _ := pv.StringBytes()
+		h.write(c)
+		out.PromptBytes = len(c)
+	case fastjson.TypeArray:
+		// A list of strings, a list of token ids, or a list of token-id lists
+		// (batched prompts). The key covers the first element only: that is
+		// the prefix a worker caches first.
+		items, _ := pv.Array()
+		if len(items) == 0 {
+			return fmt.Errorf("%w: field \"prompt\" must not be empty", ErrInvalid)
+		}
+		for i, it := range items {
+			switch it.Type() {
+			case fastjson.TypeString:
+				c, _ := it.StringBytes()
+				if i == 0 {
+					h.write(c)
+				}
+				out.PromptBytes += len(c)
+			case fastjson.TypeNumber:
+				n, err := it.Int64()
+				if err != nil || n < 0 {
+					return fmt.Errorf("%w: prompt[%d] must be a non-negative integer token id", ErrInvalid, i)
+				}
+				if i == 0 || h.wrote {
+					var buf [4]byte
+					for b := range buf {
+						buf[b] = byte(n >> (8 * b))
+					}
+					h.write(buf[:])
+				}
+				out.PromptBytes += 4
+			case fastjson.TypeArray:
+				ids, _ := it.Array()
+				for _, id := range ids {
+					n, err := id.Int64()
+					if err != nil || n < 0 {
+						return fmt.Errorf("%w: prompt[%d] must hold non-negative integer token ids", ErrInvalid, i)
+					}
+					if i == 0 {
+						var buf [4]byte
+						for b := range buf {
+							buf[b] = byte(n >> (8 * b))
+						}
+						h.write(buf[:])
+					}
+					out.PromptBytes += 4
+				}
+			default:
+				return fmt.Errorf("%w: prompt[%d] must be a string, a token id or a list of token ids, not %s", ErrInvalid, i, it.Type())
+			}
+		}
+	default:
+		return fmt.Errorf("%w: field \"prompt\" must be a string or an array, not %s", ErrInvalid, pv.Type())
+	}
+	return nil
+}
