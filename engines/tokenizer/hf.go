@@ -501,24 +501,29 @@ func (t *HF) BOS() (id uint32, add bool) {
 // (leftmost, longest match first), the text between is NFC-normalized when
 // the tokenizer says so, pre-tokenized and BPE-encoded. No BOS/EOS is added.
 func (t *HF) Encode(dst []uint32, text string) []uint32 {
-	emit := func(piece string) { dst = t.model.encode(dst, piece) }
 	t.added.each(text, func(seg string, id uint32, isAdded bool) {
 		if isAdded {
 			dst = append(dst, id)
 			return
 		}
-		if t.nfc {
-			seg = norm.NFC.String(seg)
-		}
-		if t.prefixSp && seg != "" && seg[0] != ' ' {
-			seg = " " + seg
-		}
-		if t.split == nil {
-			emit(seg)
-			return
-		}
-		t.split.split(seg, emit)
+		dst = t.encodeOrdinary(dst, seg)
 	})
+	return dst
+}
+
+// encodeOrdinary encodes text with no added-token recognition (the library's
+// encode_special_tokens=true behaviour, which engines do not use).
+func (t *HF) encodeOrdinary(dst []uint32, seg string) []uint32 {
+	if t.nfc {
+		seg = norm.NFC.String(seg)
+	}
+	if t.prefixSp && seg != "" && seg[0] != ' ' {
+		seg = " " + seg
+	}
+	if t.split == nil {
+		return t.model.encode(dst, seg)
+	}
+	t.split.split(seg, func(piece string) { dst = t.model.encode(dst, piece) })
 	return dst
 }
 

@@ -1,0 +1,160 @@
+package tokenizer
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"go.uber.org/goleak"
+	"golang.org/x/text/unicode/norm"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// qwen3Regexp2 is the Qwen3 tokenizer with its pre-tokenizer run by regexp2
+// on the pattern text instead of the hand-written scanner.
+func qwen3Regexp2(tb testing.TB) *HF {
+	tb.Helper()
+	base := qwen3(tb)
+	rs, err := newRegexSplitter(qwenPattern)
+	if err != nil {
+		tb.Fatalf("newRegexSplitter: %v", err)
+	}
+	c := &HF{name: base.name, model: base.model, nfc: base.nfc, split: rs, added: base.added, idToBytes: base.idToBytes, idKnown: base.idKnown}
+	return c
+}
+
+// TestScannerMatchesRegexp2 runs the encode vectors through both
+// pre-tokenizers: the scanner is used only because it is equal and faster.
+func TestScannerMatchesRegexp2(t *testing.T) {
+	viaRegex := qwen3Regexp2(t)
+	var ev encodeVectors
+	readFixture(t, "tokenizers/Qwen__Qwen3/encode_vectors.json", &ev)
+	for i, tc := range ev.Cases {
+		t.Run(caseName(i, tc.Text), func(t *testing.T) {
+			if got := viaRegex.Encode(nil, tc.Text); !slices.Equal(got, tc.IDs) {
+				t.Errorf("regexp2 Encode(%q)\n got %v\nwant %v", tc.Text, got, tc.IDs)
+			}
+			var a, b []string
+			qwenScanner{}.split(tc.Text, func(p string) { a = append(a, p) })
+			viaRegex.split.split(tc.Text, func(p string) { b = append(b, p) })
+			if !slices.Equal(a, b) {
+				t.Errorf("pieces differ\nscanner %q\nregexp2 %q", a, b)
+			}
+		})
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	tok := qwen3(t)
+	long := strings.Repeat("ab", 3000) + strings.Repeat(" ", 5000) + "x"
+	cases := []struct {
+		name string
+		text string
+	}{
+		{"empty", ""},
+		{"prose", "The quick brown fox jumps over the lazy dog."},
+		{"specials", "<|im_start|>user\nhi<|im_end|>\n<think>\n</think>"},
+		{"broken special", "<|im_sta <| <|im_end| <think"},
+		{"utf8", "naïve café — 日本語 🙂 Ελληνικά"},
+		{"long piece", long},
+		{"invalid utf8", "\xff\xfe abc \xc3"},
+		{"long s contraction", "it'ſ ok"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ids := tok.Encode(nil, tc.text)
+			if got := tok.Decode(ids); got != tc.text {
+				t.Errorf("Decode(Encode(%q)) = %q", tc.text, got)
+			}
+		})
+	}
+	t.Run("encode appends", func(t *testing.T) {
+		dst := []uint32{7}
+		got := tok.Encode(dst, "Hello")
+		if !slices.Equal(got, []uint32{7, 9707}) {
+			t.Errorf("Encode([7], Hello) = %v, want [7 9707]", got)
+		}
+	})
+	t.Run("unknown ids skipped", func(t *testing.T) {
+		if got := tok.Decode([]uint32{9707, 1 << 30, 1879}); got != "Hello world" {
+			t.Errorf("Decode = %q, want %q", got, "Hello world")
+		}
+	})
+}
+
+// FuzzEncodeRoundTrip: Encode never panics, and byte-level BPE is lossless
+// up to the tokenizer's own NFC normalizer: for valid UTF-8 that is already
+// NFC, Decode(Encode(s)) == s. (For other valid input the engine itself
+// sees the NFC form, so that is what must come back, segment by segment.)
+func FuzzEncodeRoundTrip(f *testing.F) {
+	tok := qwen3(f)
+	for _, s := range []string{"hello <|im_end|> world", "\xff\xfe  x", "e\u0301", "It's  \r\n\n 12 ab", "<|im_start|><think>"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ids := tok.Encode(nil, s)
+		got := tok.Decode(ids)
+		if utf8.ValidString(s) && norm.NFC.IsNormalString(s) && got != s {
+			t.Fatalf("Decode(Encode(%q)) = %q", s, got)
+		}
+		if !utf8.ValidString(s) && !strings.Contains(s, "<") {
+			// Without added tokens there is one segment; invalid bytes pass
+			// through the normalizer and byte-level BPE unchanged.
+			if want := norm.NFC.String(s); got != want {
+				t.Fatalf("Decode(Encode(%q)) = %q, want %q", s, got, want)
+			}
+		}
+	})
+}
+
+// FuzzQwenScannerMatchesRegex checks the hand-written scanner against
+// regexp2 running the pattern itself, on valid UTF-8 (the library's input is
+// always valid UTF-8; invalid bytes have no reference behaviour).
+func FuzzQwenScannerMatchesRegex(f *testing.F) {
+	rs, err := newRegexSplitter(qwenPattern)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"It'S a  test\r\n\n  x", "  ", "a\u00a0\u00a0b", "'ll'LL'Re", "x ...\n\n", "١٢ abc", "\t\tfoo"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return
+		}
+		var a, b []string
+		qwenScanner{}.split(s, func(p string) { a = append(a, p) })
+		rs.split(s, func(p string) { b = append(b, p) })
+		if !slices.Equal(a, b) {
+			t.Fatalf("split(%q)\nscanner %q\nregexp2 %q", s, a, b)
+		}
+	})
+}
+
+// FuzzParseHF: a malformed tokenizer.json is refused with an error, never a
+// panic. Seeds are small valid and broken documents.
+func FuzzParseHF(f *testing.F) {
+	for _, s := range []string{
+		`{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}}`,
+		`{"model":{"type":"BPE","vocab":{},"merges":["a b"]},"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\s+"},"behavior":"Isolated"},{"type":"ByteLevel","use_regex":false}]}}`,
+		`{"added_tokens":[{"id":5,"content":""}],"normalizer":{"type":"Sequence","normalizers":[{"type":"NFC"}]}}`,
+		`{"model":{"vocab":{"a":4294967295}}}`,
+		`[]`, `null`, `{`,
+	} {
+		f.Add([]byte(s))
+	}
+	if data, err := os.ReadFile(filepath.Join("testdata", "chatml_qwen25_rules.jinja")); err == nil {
+		f.Add(data)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tok, err := parseHF(data)
+		if err == nil {
+			// A document that loads must encode and decode without panics.
+			tok.Decode(tok.Encode(nil, "abc <x> 12"))
+		}
+	})
+}
