@@ -1,0 +1,329 @@
+package rule
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func intp(v int) *int       { return &v }
+func strp(s string) *string { return &s }
+
+// plainRule is a valid round-robin rule with two workers.
+func plainRule() *Rule {
+	return &Rule{
+		Name:      "pool",
+		ModelName: "m",
+		Endpoints: []Endpoint{
+			{EndpointIP: "127.0.0.1", TargetPort: 8001},
+			{EndpointIP: "127.0.0.1", TargetPort: 8002},
+		},
+	}
+}
+
+// pdRule is a valid SGLang P/D rule.
+func pdRule() *Rule {
+	return &Rule{
+		Name:         "pd",
+		ModelName:    "m",
+		KVEngineType: "sglang",
+		PDDisaggMode: true,
+		Endpoints: []Endpoint{
+			{EndpointIP: "10.0.0.1", TargetPort: 8001, EPRole: 1},
+			{EndpointIP: "10.0.0.2", TargetPort: 8001, EPRole: 2},
+		},
+	}
+}
+
+func trtRule() *Rule {
+	r := pdRule()
+	r.KVEngineType = "trtllm"
+	return r
+}
+
+func TestAdmitRules(t *testing.T) {
+	tokFile := filepath.Join(t.TempDir(), "tokenizer.json")
+	if err := os.WriteFile(tokFile, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		base     func() *Rule
+		mutate   func(r *Rule)
+		existing *Rule
+		others   []*Rule
+		// wantCode "" means the rule must be admitted.
+		wantCode     string
+		wantField    string
+		wantConflict bool
+	}{
+		{name: "valid plain", base: plainRule},
+		{name: "valid pd", base: pdRule},
+		{name: "valid trtllm pd", base: trtRule},
+		{name: "name required", base: plainRule, mutate: func(r *Rule) { r.Name = "" }, wantCode: CodeNameRequired, wantField: "name"},
+		{name: "name with slash", base: plainRule, mutate: func(r *Rule) { r.Name = "a/b" }, wantCode: CodeNameInvalid, wantField: "name"},
+		{name: "name dot dot", base: plainRule, mutate: func(r *Rule) { r.Name = ".." }, wantCode: CodeNameInvalid},
+		{name: "name too long", base: plainRule, mutate: func(r *Rule) { r.Name = strings.Repeat("a", 64) }, wantCode: CodeNameInvalid},
+		{name: "name max length", base: plainRule, mutate: func(r *Rule) { r.Name = strings.Repeat("a", 63) }},
+		{name: "V1 chwbl needs fullproxy", base: plainRule, mutate: func(r *Rule) { r.Mode = "2"; r.Sel = 8 }, wantCode: CodeSelRequiresFullproxy, wantField: "mode"},
+		{name: "V1 weighted chwbl needs fullproxy", base: plainRule, mutate: func(r *Rule) { r.Mode = "dnat"; r.Sel = 10 }, wantCode: CodeSelRequiresFullproxy},
+		{name: "V2 pd needs fullproxy", base: pdRule, mutate: func(r *Rule) { r.Mode = "0" }, wantCode: CodePDRequiresFullproxy},
+		{name: "V6 kv exact single role needs fullproxy", base: plainRule, mutate: func(r *Rule) { r.Mode = "3"; r.KVExactMode = 3 }, wantCode: CodeKVExactFullproxy},
+		{name: "V17 other mode", base: plainRule, mutate: func(r *Rule) { r.Mode = "dsr" }, wantCode: CodeModeUnsupported, wantField: "mode"},
+		{name: "mode fullproxy explicit", base: plainRule, mutate: func(r *Rule) { r.Mode = ModeFullProxy }},
+		{name: "sel 1 hash", base: plainRule, mutate: func(r *Rule) { r.Sel = 1 }, wantCode: CodeSelUnsupported, wantField: "sel"},
+		{name: "sel 5 n2", base: plainRule, mutate: func(r *Rule) { r.Sel = 5 }, wantCode: CodeSelUnsupported},
+		{name: "sel 6 n3", base: plainRule, mutate: func(r *Rule) { r.Sel = 6 }, wantCode: CodeSelUnsupported},
+		{name: "sel 7 reserved", base: plainRule, mutate: func(r *Rule) { r.Sel = 7 }, wantCode: CodeSelUnsupported},
+		{name: "sel 9 gpu aware", base: plainRule, mutate: func(r *Rule) { r.Sel = 9 }, wantCode: CodeSelUnsupported},
+		{name: "sel 11 unknown", base: plainRule, mutate: func(r *Rule) { r.Sel = 11 }, wantCode: CodeSelUnsupported},
+		{name: "sel negative", base: plainRule, mutate: func(r *Rule) { r.Sel = -1 }, wantCode: CodeSelUnsupported},
+		{name: "sel 2 weighted", base: plainRule, mutate: func(r *Rule) { r.Sel = 2 }},
+		{name: "sel 10 weighted chwbl", base: plainRule, mutate: func(r *Rule) { r.Sel = 10 }},
+		{name: "no endpoints", base: plainRule, mutate: func(r *Rule) { r.Endpoints = nil }, wantCode: CodeEndpointsRequired, wantField: "endpoints"},
+		{name: "too many endpoints", base: plainRule, mutate: func(r *Rule) {
+			r.Endpoints = make([]Endpoint, MaxEndpoints+1)
+			for i := range r.Endpoints {
+				r.Endpoints[i] = Endpoint{EndpointIP: "10.0.0.1", TargetPort: 1000 + i}
+			}
+		}, wantCode: CodeEndpointsTooMany},
+		{name: "endpoint ip missing", base: plainRule, mutate: func(r *Rule) { r.Endpoints[1].EndpointIP = "" }, wantCode: CodeEndpointIP, wantField: "endpoints[1].endpointIP"},
+		{name: "endpoint ip bad octet", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].EndpointIP = "10.0.0.256" }, wantCode: CodeEndpointIP},
+		{name: "endpoint ip underscore", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].EndpointIP = "bad_host" }, wantCode: CodeEndpointIP},
+		{name: "endpoint dns name", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].EndpointIP = "worker-0.example.internal" }},
+		{name: "endpoint ipv6", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].EndpointIP = "fd00::1" }},
+		{name: "endpoint port zero", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].TargetPort = 0 }, wantCode: CodeEndpointPort, wantField: "endpoints[0].targetPort"},
+		{name: "endpoint port too big", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].TargetPort = 65536 }, wantCode: CodeEndpointPort},
+		{name: "V19 weight zero", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].Weight = intp(0) }, wantCode: CodeEndpointWeight, wantField: "endpoints[0].weight"},
+		{name: "weight too big", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].Weight = intp(1001) }, wantCode: CodeEndpointWeight},
+		{name: "weight negative", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].Weight = intp(-1) }, wantCode: CodeEndpointWeight},
+		{name: "weight max", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].Weight = intp(1000) }},
+		{name: "ep role 3", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].EPRole = 3 }, wantCode: CodeEndpointRole, wantField: "endpoints[0].ep_role"},
+		{name: "nixl port out of range", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].NixlPort = 70000 }, wantCode: CodeEndpointNixlPort},
+		{name: "endpoint bootstrap port on vllm", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].BootstrapPort = 9000 }, wantCode: CodeEndpointBootstrap},
+		{name: "endpoint bootstrap port on decode", base: pdRule, mutate: func(r *Rule) { r.Endpoints[1].BootstrapPort = 9000 }, wantCode: CodeEndpointBootstrap, wantField: "endpoints[1].bootstrapPort"},
+		{name: "endpoint bootstrap port on sglang prefill", base: pdRule, mutate: func(r *Rule) { r.Endpoints[0].BootstrapPort = 9000 }},
+		{name: "events endpoint not tcp", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].KVEventsEndpoint = "http://127.0.0.1:5557" }, wantCode: CodeEndpointEvents, wantField: "endpoints[0].kvEventsEndpoint"},
+		{name: "replay endpoint without port", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].KVReplayEndpoint = "tcp://127.0.0.1" }, wantCode: CodeEndpointEvents, wantField: "endpoints[0].kvReplayEndpoint"},
+		{name: "endpoint id with slash", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].ID = "w/1" }, wantCode: CodeEndpointID},
+		{name: "duplicate endpoint id", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].ID = "w"; r.Endpoints[1].ID = "w" }, wantCode: CodeEndpointIDDuplicate, wantField: "endpoints[1].id"},
+		{name: "explicit id equal to a default id", base: plainRule, mutate: func(r *Rule) { r.Endpoints[1].ID = "127.0.0.1:8001" }, wantCode: CodeEndpointIDDuplicate},
+		{name: "duplicate ip port", base: plainRule, mutate: func(r *Rule) {
+			r.Endpoints[0].ID, r.Endpoints[1].ID = "a", "b"
+			r.Endpoints[1].TargetPort = 8001
+		}, wantCode: CodeEndpointDuplicate, wantField: "endpoints[1]"},
+		{name: "duplicate ipv6 spelled differently", base: plainRule, mutate: func(r *Rule) {
+			r.Endpoints[0] = Endpoint{ID: "a", EndpointIP: "fd00::1", TargetPort: 1}
+			r.Endpoints[1] = Endpoint{ID: "b", EndpointIP: "fd00:0::0:1", TargetPort: 1}
+		}, wantCode: CodeEndpointDuplicate},
+		{name: "V3 pd without decode", base: pdRule, mutate: func(r *Rule) { r.Endpoints[1].EPRole = 1 }, wantCode: CodePDRoles, wantField: "endpoints"},
+		{name: "V3 pd without prefill", base: pdRule, mutate: func(r *Rule) { r.Endpoints[0].EPRole = 0 }, wantCode: CodePDRoles},
+		{name: "roles without pd", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].EPRole = 1 }, wantCode: CodeRoleRequiresPD},
+		{name: "V5 kv exact 3 with pd", base: pdRule, mutate: func(r *Rule) { r.KVExactMode = 3 }, wantCode: CodeKVExactSingleWithPD, wantField: "kvExactMode"},
+		{name: "V7 kv exact 1 without pd", base: plainRule, mutate: func(r *Rule) { r.KVExactMode = 1 }, wantCode: CodeKVExactPDWithoutPD},
+		{name: "kv exact 2 nats reserved", base: plainRule, mutate: func(r *Rule) { r.KVExactMode = 2 }, wantCode: CodeKVExactMode},
+		{name: "V13 trtllm kv exact 2", base: trtRule, mutate: func(r *Rule) { r.KVExactMode = 2 }, wantCode: CodeKVExactMode},
+		{name: "kv exact 4", base: plainRule, mutate: func(r *Rule) { r.KVExactMode = 4 }, wantCode: CodeKVExactMode},
+		{name: "V8 unknown engine", base: plainRule, mutate: func(r *Rule) { r.KVEngineType = "tgi" }, wantCode: CodeKVEngineType, wantField: "kvEngineType"},
+		{name: "V8 engine case matters", base: plainRule, mutate: func(r *Rule) { r.KVEngineType = "VLLM" }, wantCode: CodeKVEngineType},
+		{name: "llamacpp kv exact", base: plainRule, mutate: func(r *Rule) { r.KVEngineType = "llamacpp"; r.KVExactMode = 3 }, wantCode: CodeLlamacppKVExact},
+		{name: "llamacpp pd", base: pdRule, mutate: func(r *Rule) { r.KVEngineType = "llamacpp" }, wantCode: CodeLlamacppPD, wantField: "pd_disagg_mode"},
+		{name: "V9 dp ranks 9", base: plainRule, mutate: func(r *Rule) { r.KVDpRankCount = 9 }, wantCode: CodeKVDpRankCount},
+		{name: "dp ranks negative", base: plainRule, mutate: func(r *Rule) { r.KVDpRankCount = -1 }, wantCode: CodeKVDpRankCount},
+		{name: "V10 unknown hash algo", base: plainRule, mutate: func(r *Rule) { r.KVHashAlgo = "md5" }, wantCode: CodeKVHashAlgo},
+		{name: "V11 sglang with vllm hash", base: pdRule, mutate: func(r *Rule) { r.KVHashAlgo = "sha256_cbor" }, wantCode: CodeKVHashAlgoEngine},
+		{name: "V11 default engine with trtllm hash", base: plainRule, mutate: func(r *Rule) { r.KVHashAlgo = "blockhash_trtllm" }, wantCode: CodeKVHashAlgoEngine},
+		{name: "V11 llamacpp with hash", base: plainRule, mutate: func(r *Rule) { r.KVEngineType = "llamacpp"; r.KVHashAlgo = "sha256_cbor" }, wantCode: CodeKVHashAlgoEngine},
+		{name: "vllm xxhash", base: plainRule, mutate: func(r *Rule) { r.KVHashAlgo = "xxhash_cbor" }},
+		{name: "hash seed random", base: plainRule, mutate: func(r *Rule) { r.KVHashSeed = strp("random") }, wantCode: CodeKVHashSeed},
+		{name: "hash seed 42", base: plainRule, mutate: func(r *Rule) { r.KVHashSeed = strp("42") }},
+		{name: "V12 bootstrap port on vllm pd", base: pdRule, mutate: func(r *Rule) { r.KVEngineType = "vllm"; r.PDBootstrapPort = 8998 }, wantCode: CodePDBootstrapPort},
+		{name: "V12 bootstrap port without pd", base: plainRule, mutate: func(r *Rule) { r.KVEngineType = "sglang"; r.PDBootstrapPort = 8998 }, wantCode: CodePDBootstrapPort},
+		{name: "bootstrap port out of range", base: pdRule, mutate: func(r *Rule) { r.PDBootstrapPort = 70000 }, wantCode: CodePDBootstrapPort},
+		{name: "V14 trtllm zmq port", base: trtRule, mutate: func(r *Rule) { r.KVZmqPort = 6000 }, wantCode: CodeTRTLLMZmqPort},
+		{name: "trtllm zmq port default", base: trtRule, mutate: func(r *Rule) { r.KVZmqPort = 5557 }},
+		{name: "V15 trtllm dp ranks", base: trtRule, mutate: func(r *Rule) { r.KVDpRankCount = 2 }, wantCode: CodeTRTLLMDpRankCount},
+		{name: "block size too big", base: plainRule, mutate: func(r *Rule) { r.KVBlockSize = 4097 }, wantCode: CodeKVBlockSize},
+		{name: "block size negative", base: plainRule, mutate: func(r *Rule) { r.KVBlockSize = -16 }, wantCode: CodeKVBlockSize},
+		{name: "zmq port too big", base: plainRule, mutate: func(r *Rule) { r.KVZmqPort = 65536 }, wantCode: CodeKVZmqPort},
+		{name: "zmq replay port overflows", base: plainRule, mutate: func(r *Rule) { r.KVZmqPort = 64536 }, wantCode: CodeKVZmqPort},
+		{name: "zmq replay port fits", base: plainRule, mutate: func(r *Rule) { r.KVZmqPort = 64535 }},
+		{name: "zmq replay port overflows with ranks", base: plainRule, mutate: func(r *Rule) { r.KVZmqPort = 64535; r.KVDpRankCount = 2 }, wantCode: CodeKVZmqPort},
+		{name: "warmup negative", base: plainRule, mutate: func(r *Rule) { r.KVWarmupSec = -1 }, wantCode: CodeKVWarmupSec},
+		{name: "tokenizer missing file", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = filepath.Join(t.TempDir(), "nope.json") }, wantCode: CodeKVTokenizer},
+		{name: "tokenizer directory", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = t.TempDir() }, wantCode: CodeKVTokenizer},
+		{name: "tokenizer file", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = tokFile }},
+		{name: "tokenizer engine", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = "engine" }},
+		{name: "session header with space", base: plainRule, mutate: func(r *Rule) { r.SessionHeaderName = "X Session" }, wantCode: CodeSessionHeader},
+		{name: "session cookie empty", base: plainRule, mutate: func(r *Rule) { r.SessionHeaderName = "cookie:" }, wantCode: CodeSessionHeader},
+		{name: "session unknown source", base: plainRule, mutate: func(r *Rule) { r.SessionHeaderName = "path:x" }, wantCode: CodeSessionHeader},
+		{name: "session basic auth", base: plainRule, mutate: func(r *Rule) { r.SessionHeaderName = "basic-auth" }, wantCode: CodeSessionHeader},
+		{name: "session query ok", base: plainRule, mutate: func(r *Rule) { r.Sel = 3; r.SessionHeaderName = "query:session" }},
+		{name: "session header with chwbl", base: plainRule, mutate: func(r *Rule) { r.Sel = 8; r.SessionHeaderName = "X-Session-ID" }, wantCode: CodeSessionHeaderSel},
+		{name: "session ttl negative", base: plainRule, mutate: func(r *Rule) { r.SessionTTL = -1 }, wantCode: CodeSessionTTL},
+		{name: "chwbl load factor percent", base: plainRule, mutate: func(r *Rule) { r.CHWBL.LoadFactor = 125 }, wantCode: CodeCHWBLLoadFactor, wantField: "chwbl.load_factor"},
+		{name: "chwbl load factor below one", base: plainRule, mutate: func(r *Rule) { r.CHWBL.LoadFactor = 0.5 }, wantCode: CodeCHWBLLoadFactor},
+		{name: "chwbl replicas", base: plainRule, mutate: func(r *Rule) { r.CHWBL.Replicas = 4097 }, wantCode: CodeCHWBLReplicas},
+		{name: "chwbl prefix bytes", base: plainRule, mutate: func(r *Rule) { r.CHWBL.PrefixBytes = 1<<20 + 1 }, wantCode: CodeCHWBLPrefixBytes},
+		{name: "probe path relative", base: plainRule, mutate: func(r *Rule) { r.Probe.Path = "health" }, wantCode: CodeProbePath},
+		{name: "probe interval negative", base: plainRule, mutate: func(r *Rule) { r.Probe.Interval = -1 }, wantCode: CodeProbeInterval},
+		{name: "probe timeout over default interval", base: plainRule, mutate: func(r *Rule) { r.Probe.Timeout = Duration(6e9) }, wantCode: CodeProbeTimeout},
+		{name: "probe timeout over interval", base: plainRule, mutate: func(r *Rule) { r.Probe.Interval = Duration(1e9); r.Probe.Timeout = Duration(2e9) }, wantCode: CodeProbeTimeout},
+		{name: "probe failures", base: plainRule, mutate: func(r *Rule) { r.Probe.Failures = 101 }, wantCode: CodeProbeFailures},
+		{name: "probe successes", base: plainRule, mutate: func(r *Rule) { r.Probe.Successes = -1 }, wantCode: CodeProbeSuccesses},
+		{name: "cb failures", base: plainRule, mutate: func(r *Rule) { r.CB.Failures = -1 }, wantCode: CodeCBFailures},
+		{name: "cb open for", base: plainRule, mutate: func(r *Rule) { r.CB.OpenFor = Duration(2 * 3600e9) }, wantCode: CodeCBOpenFor},
+		{name: "cb half open trials", base: plainRule, mutate: func(r *Rule) { r.CB.HalfOpenTrials = 1001 }, wantCode: CodeCBHalfOpenTrials},
+		{name: "cb origin 5xx", base: plainRule, mutate: func(r *Rule) { r.CB.Origin5xx = -2 }, wantCode: CodeCBOrigin5xx},
+		{name: "cb origin 5xx disabled", base: plainRule, mutate: func(r *Rule) { r.CB.Origin5xx = -1 }},
+		{name: "timeouts negative", base: plainRule, mutate: func(r *Rule) { r.Timeouts.Idle = -1 }, wantCode: CodeTimeouts, wantField: "timeouts.idle"},
+		{name: "listen without port", base: plainRule, mutate: func(r *Rule) { r.Listen = "127.0.0.1" }, wantCode: CodeListenInvalid},
+		{name: "listen port zero", base: plainRule, mutate: func(r *Rule) { r.Listen = "127.0.0.1:0" }, wantCode: CodeListenInvalid},
+		{name: "listen bad host", base: plainRule, mutate: func(r *Rule) { r.Listen = "bad host:80" }, wantCode: CodeListenInvalid},
+		{name: "listen any host", base: plainRule, mutate: func(r *Rule) { r.Listen = ":8081" }},
+		{
+			name: "V16 engine change is conflict", base: pdRule,
+			mutate:   func(r *Rule) { r.KVEngineType = "trtllm" },
+			existing: pdRule(), wantCode: CodeKVEngineImmutable, wantConflict: true,
+		},
+		{
+			name: "V16 empty engine equals vllm", base: plainRule,
+			mutate:   func(r *Rule) { r.KVEngineType = "vllm" },
+			existing: plainRule(),
+		},
+		{
+			name: "V16 vllm to default sglang", base: plainRule,
+			existing: func() *Rule { r := plainRule(); r.KVEngineType = "sglang"; return r }(),
+			wantCode: CodeKVEngineImmutable, wantConflict: true,
+		},
+		{
+			name: "same model on shared listener", base: plainRule,
+			others:   []*Rule{func() *Rule { r := plainRule(); r.Name = "other"; return r }()},
+			wantCode: CodeListenModelConflict, wantConflict: true, wantField: "model_name",
+		},
+		{
+			name: "same model on equivalent listen", base: plainRule,
+			mutate: func(r *Rule) { r.Listen = "[::1]:9000" },
+			others: []*Rule{func() *Rule {
+				r := plainRule()
+				r.Name, r.Listen = "other", "[0:0::1]:9000"
+				return r
+			}()},
+			wantCode: CodeListenModelConflict, wantConflict: true,
+		},
+		{
+			name: "same model on another listener", base: plainRule,
+			mutate: func(r *Rule) { r.Listen = "127.0.0.1:9000" },
+			others: []*Rule{func() *Rule { r := plainRule(); r.Name = "other"; return r }()},
+		},
+		{
+			name: "other model on shared listener", base: plainRule,
+			others: []*Rule{func() *Rule { r := plainRule(); r.Name, r.ModelName = "other", "n"; return r }()},
+		},
+		{
+			name: "update of itself is no conflict", base: plainRule,
+			existing: plainRule(), others: []*Rule{plainRule(), nil},
+		},
+		{name: "order: name before sel", base: plainRule, mutate: func(r *Rule) { r.Name = ""; r.Sel = 9 }, wantCode: CodeNameRequired},
+		{name: "order: endpoints before kv exact", base: plainRule, mutate: func(r *Rule) { r.Endpoints = nil; r.KVExactMode = 2 }, wantCode: CodeEndpointsRequired},
+		{name: "order: invalid rule before conflict", base: plainRule, mutate: func(r *Rule) { r.KVBlockSize = -1 },
+			existing: func() *Rule { r := plainRule(); r.KVEngineType = "sglang"; return r }(), wantCode: CodeKVBlockSize},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.base()
+			if tc.mutate != nil {
+				tc.mutate(r)
+			}
+			before := r.Clone()
+			err := Admit(r, tc.existing, tc.others)
+			if !equalRules(r, before) {
+				t.Errorf("Admit modified its argument")
+			}
+			if tc.wantCode == "" {
+				if err != nil {
+					t.Fatalf("Admit: got %v, want nil", err)
+				}
+				if err := Admit(r.Effective(), tc.existing, tc.others); err != nil {
+					t.Errorf("Admit(Effective()): got %v, want nil (read-back must be re-appliable)", err)
+				}
+				return
+			}
+			var ae *AdmissionError
+			if !errors.As(err, &ae) {
+				t.Fatalf("Admit: got %v, want *AdmissionError %s", err, tc.wantCode)
+			}
+			if ae.Code != tc.wantCode {
+				t.Errorf("code: got %q, want %q (%v)", ae.Code, tc.wantCode, err)
+			}
+			if ae.Conflict != tc.wantConflict {
+				t.Errorf("conflict: got %v, want %v", ae.Conflict, tc.wantConflict)
+			}
+			if tc.wantField != "" && ae.Field != tc.wantField {
+				t.Errorf("field: got %q, want %q", ae.Field, tc.wantField)
+			}
+			if ae.Message == "" {
+				t.Errorf("empty message")
+			}
+			if !errors.Is(err, &AdmissionError{Code: tc.wantCode}) {
+				t.Errorf("errors.Is by code: got false, want true")
+			}
+			if !strings.HasPrefix(err.Error(), "rule: "+tc.wantCode) {
+				t.Errorf("Error(): got %q, want prefix %q", err.Error(), "rule: "+tc.wantCode)
+			}
+		})
+	}
+}
+
+func TestAdmitNil(t *testing.T) {
+	var ae *AdmissionError
+	if err := Admit(nil, nil, nil); !errors.As(err, &ae) || ae.Code != CodeRuleMissing {
+		t.Fatalf("Admit(nil): got %v, want %s", err, CodeRuleMissing)
+	}
+}
+
+// TestAdmitReferenceExamples admits the valid examples under testdata (a
+// converged vLLM KV-exact pool, SGLang P/D, TensorRT-LLM P/D, plain
+// llama.cpp), both as written and as read back through Effective.
+func TestAdmitReferenceExamples(t *testing.T) {
+	for _, file := range exampleFiles(t) {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			r := mustDecodeFile(t, file)
+			if err := Admit(r, nil, nil); err != nil {
+				t.Fatalf("Admit: got %v, want nil", err)
+			}
+			if err := Admit(r.Effective(), r, nil); err != nil {
+				t.Fatalf("Admit(Effective()) as an update: got %v, want nil", err)
+			}
+		})
+	}
+}
+
+func TestParseSessionKey(t *testing.T) {
+	tests := []struct {
+		name, in, wantSource, wantName string
+		wantErr                        bool
+	}{
+		{name: "header", in: "X-Session-ID", wantSource: "header", wantName: "X-Session-ID"},
+		{name: "cookie", in: "cookie:sid", wantSource: "cookie", wantName: "sid"},
+		{name: "cookie upper prefix", in: "Cookie:sid", wantSource: "cookie", wantName: "sid"},
+		{name: "query", in: "query:s.id", wantSource: "query", wantName: "s.id"},
+		{name: "query with ampersand", in: "query:a&b", wantErr: true},
+		{name: "empty", in: "", wantErr: true},
+		{name: "header with colon source", in: "x:y", wantErr: true},
+		{name: "header non ascii", in: "Sessión", wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			src, name, err := ParseSessionKey(tc.in)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("ParseSessionKey(%q): got err %v, want error %v", tc.in, err, tc.wantErr)
+			}
+			if src != tc.wantSource || name != tc.wantName {
+				t.Errorf("ParseSessionKey(%q): got (%q, %q), want (%q, %q)", tc.in, src, name, tc.wantSource, tc.wantName)
+			}
+		})
+	}
+}

@@ -1,0 +1,58 @@
+package rule
+
+import (
+	"encoding/json"
+	"os"
+	"testing"
+)
+
+// FuzzDecode checks that Decode never panics, and that a rule which decodes
+// and is admitted survives json.Marshal and Decode with the same effective
+// form (so the store and the admin API's read-back lose nothing).
+func FuzzDecode(f *testing.F) {
+	for _, file := range exampleFiles(f) {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	for _, s := range []string{
+		minimalJSON,
+		`{"name":"a","endpoints":[{"epRole":1}]}`,
+		`{"name":"a","mode":4,"session_ttl":30,"probe":{"timeout":"1s"}}`,
+		"name: a\nendpoints: [{endpointIP: '::1', targetPort: 1}]\n",
+		"- a\n- b\n",
+		`{"name":"a","name":"a"}`,
+		`{"chwbl":{"load_factor":1e308}}`,
+		"",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := Decode(data)
+		if err != nil {
+			if r != nil {
+				t.Fatalf("Decode returned both a rule and %v", err)
+			}
+			return
+		}
+		if Admit(r, nil, nil) != nil {
+			return
+		}
+		out, err := json.Marshal(r)
+		if err != nil {
+			t.Fatalf("Marshal of a decoded rule: %v", err)
+		}
+		back, err := Decode(out)
+		if err != nil {
+			t.Fatalf("Decode(Marshal(r)) = %v\n%s", err, out)
+		}
+		if !equalRules(back.Effective(), r.Effective()) {
+			t.Fatalf("round trip changed the effective rule:\n got %+v\nwant %+v", back.Effective(), r.Effective())
+		}
+		if !equalRules(r.Effective().Effective(), r.Effective()) {
+			t.Fatalf("Effective not idempotent")
+		}
+	})
+}
