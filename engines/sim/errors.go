@@ -1,0 +1,105 @@
+package sim
+
+import (
+	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/engines"
+)
+
+// errorBody renders an error in the persona's exact shape:
+//
+//	vLLM      {"error":{"message","type","param":null,"code"}}
+//	SGLang    {"object":"error","message","type","param":null,"code"}
+//	TRT-LLM   the SGLang-like flat object; request validation errors are
+//	          {"error":"<message>"} (validation=true)
+//	llama.cpp {"error":{"code","message","type"}}
+func (s *Sim) errorBody(status int, msg string, validation bool) []byte {
+	w := jw{b: make([]byte, 0, 96+len(msg))}
+	switch s.cfg.Engine {
+	case engines.VLLM:
+		w.obj().key("error").obj().kstr("message", msg).kstr("type", pythonErrorType(status)).knull("param").kint("code", int64(status)).end().end()
+	case engines.TRTLLM:
+		if validation {
+			w.obj().kstr("error", msg).end()
+			break
+		}
+		fallthrough
+	case engines.SGLang:
+		w.obj().kstr("object", "error").kstr("message", msg).kstr("type", pythonErrorType(status)).knull("param").kint("code", int64(status)).end()
+	case engines.LlamaCpp:
+		w.obj().key("error").obj().kint("code", int64(status)).kstr("message", msg).kstr("type", llamaErrorType(status)).end().end()
+	}
+	return w.b
+}
+
+// pythonErrorType is the OpenAI-style error type the Python servers use.
+func pythonErrorType(status int) string {
+	switch status {
+	case fasthttp.StatusBadRequest:
+		return "BadRequestError"
+	case fasthttp.StatusNotFound:
+		return "NotFoundError"
+	case fasthttp.StatusNotImplemented:
+		return "NotImplementedError"
+	case fasthttp.StatusServiceUnavailable:
+		return "ServiceUnavailableError"
+	case fasthttp.StatusGatewayTimeout, fasthttp.StatusRequestTimeout:
+		return "TimeoutError"
+	default:
+		return "InternalServerError"
+	}
+}
+
+// llamaErrorType maps a status to llama-server's error type.
+func llamaErrorType(status int) string {
+	switch status {
+	case 400:
+		return "invalid_request_error"
+	case 401:
+		return "authentication_error"
+	case 403:
+		return "permission_error"
+	case 404:
+		return "not_found_error"
+	case 501:
+		return "not_supported_error"
+	case 503:
+		return "unavailable_error"
+	default:
+		return "server_error"
+	}
+}
+
+// writeError sends an error response and records it on rec (when non-nil).
+func (s *Sim) writeError(ctx *fasthttp.RequestCtx, rec *Receipt, status int, msg string, validation bool) {
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(s.errorBody(status, msg, validation))
+	if rec != nil {
+		rec.Status = status
+		rec.Error = msg
+		s.receipts.add(*rec)
+	}
+}
+
+// notFound answers an unknown route the way the engine's HTTP framework
+// does (FastAPI for the Python engines, llama-server's own handler).
+func (s *Sim) notFound(ctx *fasthttp.RequestCtx) {
+	ctx.SetStatusCode(fasthttp.StatusNotFound)
+	ctx.SetContentType("application/json")
+	if s.cfg.Engine == engines.LlamaCpp {
+		ctx.SetBodyString(`{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}`)
+		return
+	}
+	ctx.SetBodyString(`{"detail":"Not Found"}`)
+}
+
+func (s *Sim) methodNotAllowed(ctx *fasthttp.RequestCtx) {
+	ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+	ctx.SetContentType("application/json")
+	if s.cfg.Engine == engines.LlamaCpp {
+		ctx.SetBodyString(`{"error":{"code":405,"message":"Method Not Allowed","type":"invalid_request_error"}}`)
+		return
+	}
+	ctx.SetBodyString(`{"detail":"Method Not Allowed"}`)
+}

@@ -1,0 +1,187 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/kvevents"
+)
+
+// batchPublisher is the transport of KV event batches: a ZMQ PUB socket
+// sending [topic, seq, payload] plus a ROUTER replay socket.
+type batchPublisher interface {
+	// Publish sends payload with the next sequence number and returns it.
+	Publish(payload []byte) (uint64, error)
+	// SkipSeq consumes n sequence numbers without sending anything
+	// (dropped-events and sequence-gap faults).
+	SkipSeq(n uint64)
+	// Addr and ReplayAddr are the bound endpoints ("" when not bound here).
+	Addr() string
+	ReplayAddr() string
+	Close() error
+}
+
+// eventHub encodes the sim's cache events in the persona's msgpack layout
+// and publishes them, applying event faults. It is safe for concurrent use;
+// batches are published in the order publish is called.
+type eventHub struct {
+	cfg    Config
+	enc    kvevents.Encoding
+	faults *faultState
+
+	mu       sync.Mutex
+	pub      batchPublisher
+	endpoint string // where a restarted publisher binds
+	replay   string
+	buf      []byte
+}
+
+// eventTopic is the topic frame; vLLM's default is "" (empty frame).
+const eventTopic = ""
+
+func newEventHub(ctx context.Context, cfg Config, faults *faultState) (*eventHub, error) {
+	h := &eventHub{cfg: cfg, faults: faults, endpoint: cfg.KVEvents}
+	switch {
+	case cfg.Engine == engines.SGLang && cfg.EventEncoding == EncodingArray:
+		h.enc = kvevents.ArraySGLang
+	case cfg.EventEncoding == EncodingArray:
+		h.enc = kvevents.ArrayV011
+	default:
+		h.enc = kvevents.Map
+	}
+	// The replay socket always binds; put it on the publisher's host.
+	if replayable(cfg.KVEvents) {
+		h.replay = replayEndpointFor(cfg.KVEvents)
+	}
+	pub, err := newBatchPublisher(ctx, h.endpoint, h.replay, eventTopic, cfg.Engine == engines.VLLM)
+	if err != nil {
+		return nil, fmt.Errorf("sim: kv events %s: %w", cfg.KVEvents, err)
+	}
+	h.pub = pub
+	// Restarts rebind the ports the kernel chose.
+	if a := pub.Addr(); a != "" {
+		h.endpoint = a
+	}
+	if a := pub.ReplayAddr(); a != "" {
+		h.replay = a
+	}
+	return h, nil
+}
+
+// replayable reports whether a replay socket can be placed next to
+// endpoint: only for TCP endpoints (ipc/inproc get none).
+func replayable(endpoint string) bool { return strings.HasPrefix(endpoint, "tcp://") }
+
+// replayEndpointFor binds the replay ROUTER on the same host as the PUB
+// socket with a kernel-chosen port.
+func replayEndpointFor(endpoint string) string {
+	hostport := strings.TrimPrefix(endpoint, "tcp://")
+	host := hostport
+	if i := strings.LastIndex(hostport, ":"); i >= 0 {
+		host = hostport[:i]
+	}
+	if host == "*" || host == "" || host == "0.0.0.0" {
+		host = "127.0.0.1"
+	}
+	return "tcp://" + host + ":0"
+}
+
+func (h *eventHub) addrs() (events, replay string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.pub.Addr(), h.pub.ReplayAddr()
+}
+
+// publish encodes evs as one batch and sends it (or drops it / skips
+// sequence numbers, as the faults say). Encoding errors cannot happen for
+// the events the sim builds; they are counted as dropped batches.
+func (h *eventHub) publish(evs []simEvent) {
+	batch := kvevents.Batch{TS: float64(h.cfg.Clock().UnixNano()) / 1e9, Events: make([]kvevents.Event, len(evs))}
+	rank := int64(0)
+	batch.DPRank = &rank
+	gpu := "GPU"
+	for i, e := range evs {
+		ke := &batch.Events[i]
+		switch e.kind {
+		case evStored:
+			ke.Kind = kvevents.BlockStored
+			ke.BlockHashes = e.hashes
+			ke.ParentHash, ke.HasParent = e.parent, e.hasParent
+			ke.TokenIDs = e.tokens
+			ke.BlockSize = len(e.tokens) / max(len(e.hashes), 1)
+			ke.Medium = &gpu
+			if h.enc == kvevents.Map && h.cfg.Engine == engines.VLLM {
+				// Current vLLM fills extra_keys (one nil per block),
+				// group_idx and the cache spec kind.
+				ke.ExtraKeys = kvevents.NilExtraKeys(len(e.hashes))
+				g, kind := int64(0), "full_attention"
+				ke.GroupIdx, ke.KVCacheSpecKind = &g, &kind
+			}
+		case evRemoved:
+			ke.Kind = kvevents.BlockRemoved
+			ke.BlockHashes = e.hashes
+			ke.Medium = &gpu
+			if h.enc == kvevents.Map && h.cfg.Engine == engines.VLLM {
+				g := int64(0)
+				ke.GroupIdx = &g
+			}
+		case evCleared:
+			ke.Kind = kvevents.AllBlocksCleared
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	drop, gap := h.faults.takeEventFaults()
+	if gap > 0 {
+		h.pub.SkipSeq(uint64(gap))
+	}
+	if drop {
+		h.pub.SkipSeq(1)
+		return
+	}
+	var err error
+	h.buf, err = kvevents.AppendBatch(h.buf[:0], &batch, h.enc)
+	if err != nil {
+		return
+	}
+	// Publish copies or sends synchronously; a send failure loses the batch
+	// as a ZMQ PUB under back-pressure would.
+	_, _ = h.pub.Publish(append([]byte(nil), h.buf...))
+}
+
+// restart closes the publisher and opens a new one on the same endpoints.
+func (h *eventHub) restart(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_ = h.pub.Close()
+	var err error
+	// The old sockets' ports can take a moment to be released.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		var pub batchPublisher
+		pub, err = newBatchPublisher(ctx, h.endpoint, h.replay, eventTopic, h.cfg.Engine == engines.VLLM)
+		if err == nil {
+			h.pub = pub
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("sim: restart kv event publisher: %w", err)
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
+}
+
+func (h *eventHub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_ = h.pub.Close()
+}

@@ -1,0 +1,122 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files under testdata/golden")
+
+func TestMain(m *testing.M) {
+	// fasthttp starts one process-wide goroutine that refreshes the Date
+	// header and never stops; it is not owned by any Sim.
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"))
+}
+
+// fixedClock pins "created" fields and event timestamps for golden bytes.
+func fixedClock() time.Time { return time.Unix(1700000000, 500000000) }
+
+// startSim starts a sim for the test and closes it at cleanup.
+func startSim(t testing.TB, cfg Config) *Sim {
+	t.Helper()
+	if cfg.Clock == nil {
+		cfg.Clock = fixedClock
+	}
+	s, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("Start(%+v): %v", cfg, err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+// client returns an HTTP client whose idle connections are closed at cleanup.
+func client(t testing.TB) *http.Client {
+	t.Helper()
+	tr := &http.Transport{DisableCompression: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+type httpResult struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error // body read error (a crashed stream)
+}
+
+// do sends one request; headers are "Name: value" strings.
+func do(t testing.TB, c *http.Client, method, url, body string, headers ...string) httpResult {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatalf("new request: %v", err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for _, h := range headers {
+		k, v, _ := strings.Cut(h, ": ")
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, rerr := io.ReadAll(resp.Body)
+	return httpResult{status: resp.StatusCode, header: resp.Header, body: b, err: rerr}
+}
+
+// golden compares got with testdata/golden/name, rewriting it with -update.
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", "golden", name)
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden %s (run with -update to create): %v", path, err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s mismatch\n got: %s\nwant: %s", name, got, want)
+	}
+}
+
+// waitFor polls cond every few milliseconds until it holds or the deadline
+// passes.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
