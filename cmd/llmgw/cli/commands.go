@@ -5,6 +5,8 @@ import "github.com/spf13/cobra"
 // subcommands lists every top-level command. Add new commands here, once.
 func subcommands(io *IOStreams) []*cobra.Command {
 	return []*cobra.Command{
+		newServeCmd(io, nil),
+		newRuleCmd(io),
 		newVersionCmd(io),
 	}
 }

@@ -1,0 +1,143 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/llmgw/llmgw/gateway"
+	"github.com/llmgw/llmgw/gateway/rule"
+)
+
+// ServeOptions are the inputs of `llmgw serve`.
+type ServeOptions struct {
+	IO             *IOStreams
+	Listen         string
+	Admin          string
+	StateDir       string
+	RulesFile      string
+	AdminTokenFile string
+	MaxBodyBytes   int
+	TLSCert        string
+	TLSKey         string
+	LogLevel       string
+	LogPayloads    bool
+}
+
+func newServeCmd(io *IOStreams, runF func(*cobra.Command, *ServeOptions) error) *cobra.Command {
+	opts := &ServeOptions{IO: io}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the gateway: OpenAI-compatible proxy, management API and metrics",
+		Long: `Run the gateway.
+
+The data plane listens on --listen and routes POST /v1/chat/completions and
+POST /v1/completions by the body's "model" to the rule whose model_name
+matches (a rule with model_name "" is the default). A rule with its own
+"listen" address gets its own listener.
+
+The management API listens on --admin (loopback by default): create rules with
+'llmgw rule apply -f rule.yaml' or POST /v1/rules, read them back with
+'llmgw rule get NAME'. Rules persist in --state-dir and survive restarts, even
+kill -9. Metrics are at GET /metrics on the admin listener.
+
+--rules FILE applies (creates or updates) the rules in FILE at start; a rule
+that fails admission stops the start with the reason.`,
+		Example: `  # two local workers behind one gateway
+  llmgw sim --engine vllm --listen 127.0.0.1:8001 &
+  llmgw sim --engine vllm --listen 127.0.0.1:8002 &
+  llmgw serve --state-dir /tmp/llmgw --rules examples/two-workers.yaml
+  curl -s localhost:8080/v1/chat/completions -d '{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"user","content":"hi"}]}'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if runF != nil {
+				return runF(cmd, opts)
+			}
+			return serveRun(cmd, opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "data-plane address (host:port; port 0 picks a free one)")
+	f.StringVar(&opts.Admin, "admin", "127.0.0.1:8081", "management API address; a non-loopback address needs --admin-token-file")
+	f.StringVar(&opts.StateDir, "state-dir", defaultStateDir(), "directory where rules are persisted")
+	f.StringVar(&opts.RulesFile, "rules", "", "YAML or JSON file of rules to apply at start (one rule, a list, or rules: [...])")
+	f.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the bearer token required for mutating admin calls")
+	f.IntVar(&opts.MaxBodyBytes, "max-body-bytes", 8<<20, "largest accepted request body; larger bodies get 413")
+	f.StringVar(&opts.TLSCert, "tls-cert", "", "PEM certificate for TLS on the data plane (with --tls-key)")
+	f.StringVar(&opts.TLSKey, "tls-key", "", "PEM private key for TLS on the data plane (with --tls-cert)")
+	f.StringVar(&opts.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.BoolVar(&opts.LogPayloads, "log-payloads", false, "log prompt and completion bodies at debug level (off: payloads may hold personal data)")
+	return cmd
+}
+
+func defaultStateDir() string {
+	if d, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(d, ".local", "state", "llmgw")
+	}
+	return ".llmgw-state"
+}
+
+func parseLogLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, usageErrorf("--log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
+	level, err := parseLogLevel(opts.LogLevel)
+	if err != nil {
+		return err
+	}
+	if opts.MaxBodyBytes <= 0 {
+		return usageErrorf("--max-body-bytes must be positive, got %d", opts.MaxBodyBytes)
+	}
+	log := slog.New(slog.NewTextHandler(opts.IO.ErrOut, &slog.HandlerOptions{Level: level}))
+	var token string
+	if opts.AdminTokenFile != "" {
+		b, err := os.ReadFile(opts.AdminTokenFile)
+		if err != nil {
+			return usageErrorf("--admin-token-file: %v", err)
+		}
+		token = strings.TrimSpace(string(b))
+		if token == "" {
+			return usageErrorf("--admin-token-file %s is empty", opts.AdminTokenFile)
+		}
+	}
+	var initial []*rule.Rule
+	if opts.RulesFile != "" {
+		b, err := os.ReadFile(opts.RulesFile)
+		if err != nil {
+			return usageErrorf("--rules: %v", err)
+		}
+		if initial, err = rule.DecodeList(b); err != nil {
+			return usageErrorf("--rules %s: %v", opts.RulesFile, err)
+		}
+	}
+	srv, err := gateway.New(gateway.Config{
+		Listen: opts.Listen, Admin: opts.Admin, AdminToken: token, StateDir: opts.StateDir,
+		MaxBodyBytes: opts.MaxBodyBytes, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
+		LogPayloads: opts.LogPayloads, Logger: log,
+	})
+	if err != nil {
+		return usageErrorf("%v", err)
+	}
+	ctx := cmd.Context()
+	if err := srv.Start(ctx); err != nil {
+		return err
+	}
+	defer srv.Close()
+	for _, r := range initial {
+		if _, err := srv.Apply(r, false); err != nil {
+			return fmt.Errorf("--rules %s: rule %q: %w", opts.RulesFile, r.Name, err)
+		}
+	}
+	fmt.Fprintf(opts.IO.ErrOut, "llmgw serving: data plane http://%s, admin http://%s, state %s\n", srv.Addr(), srv.AdminAddr(), opts.StateDir)
+	<-ctx.Done()
+	return nil
+}

@@ -1,0 +1,268 @@
+package gateway
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/llmgw/llmgw/gateway/rule"
+)
+
+// maxAdminBody bounds admin request bodies.
+const maxAdminBody = 1 << 20
+
+// errUnauthorized: a mutating admin call without the right bearer token.
+var errUnauthorized = errors.New("gateway: a valid bearer token is required for this call (Authorization: Bearer <token>)")
+
+// errAdminBadRequest: a malformed admin call (bad query, name mismatch...).
+var errAdminBadRequest = errors.New("gateway: bad request")
+
+func (s *Server) startAdmin() error {
+	ln, err := net.Listen("tcp", s.cfg.Admin)
+	if err != nil {
+		return fmt.Errorf("gateway: admin listen %s: %w", s.cfg.Admin, err)
+	}
+	s.adminLn = ln
+	s.adminSrv = &http.Server{
+		Handler:           s.adminHandler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.adminSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("admin listener stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+func (s *Server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/rules", s.mutating(s.handleCreate))
+	mux.HandleFunc("PUT /v1/rules/{name}", s.mutating(s.handlePut))
+	mux.HandleFunc("GET /v1/rules", s.handleList)
+	mux.HandleFunc("GET /v1/rules/{name}", s.handleGet)
+	mux.HandleFunc("DELETE /v1/rules/{name}", s.mutating(s.handleDelete))
+	mux.HandleFunc("POST /v1/rules/{name}/drain", s.mutating(s.handleDrain(true)))
+	mux.HandleFunc("POST /v1/rules/{name}/undrain", s.mutating(s.handleDrain(false)))
+	mux.HandleFunc("POST /v1/rules/{name}/endpoints/{id}/drain", s.mutating(s.handleDrain(true)))
+	mux.HandleFunc("POST /v1/rules/{name}/endpoints/{id}/undrain", s.mutating(s.handleDrain(false)))
+	mux.HandleFunc("GET /v1/decisions", s.handleDecisions)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", s.handleReady)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeAdminError(w, fmt.Errorf("%w: %s %s", ErrNotFound, r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// mutating guards a handler with the bearer token when one is configured.
+// The comparison is constant-time.
+func (s *Server) mutating(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.AdminToken != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.AdminToken)) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="llmgw"`)
+				writeAdminError(w, errUnauthorized)
+				return
+			}
+		}
+		h(w, r)
+	}
+}
+
+func readRuleBody(r *http.Request) (*rule.Rule, error) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxAdminBody+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading body: %v", errAdminBadRequest, err)
+	}
+	if len(body) > maxAdminBody {
+		return nil, fmt.Errorf("%w: the limit is %d bytes", ErrBodyTooLarge, maxAdminBody)
+	}
+	return rule.Decode(body)
+}
+
+func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
+	rl, err := readRuleBody(r)
+	if err != nil {
+		writeAdminError(w, err)
+		return
+	}
+	eff, err := s.Apply(rl, true)
+	if err != nil {
+		writeAdminError(w, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/rules/"+eff.Name)
+	writeJSON(w, http.StatusCreated, eff)
+}
+
+func (s *Server) handlePut(w http.ResponseWriter, r *http.Request) {
+	rl, err := readRuleBody(r)
+	if err != nil {
+		writeAdminError(w, err)
+		return
+	}
+	name := r.PathValue("name")
+	if rl.Name == "" {
+		rl.Name = name
+	}
+	if rl.Name != name {
+		writeAdminError(w, fmt.Errorf("%w: the body names rule %q but the path names %q", errAdminBadRequest, rl.Name, name))
+		return
+	}
+	eff, err := s.Apply(rl, false)
+	if err != nil {
+		writeAdminError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, eff)
+}
+
+func (s *Server) handleList(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"rules": s.Rules()})
+}
+
+func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
+	st, err := s.Rule(r.PathValue("name"))
+	if err != nil {
+		writeAdminError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
+	var drain time.Duration
+	if v := r.URL.Query().Get("drain"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Hour {
+			writeAdminError(w, fmt.Errorf("%w: drain=%q must be a duration between 0s and 1h, e.g. drain=30s", errAdminBadRequest, v))
+			return
+		}
+		drain = d
+	}
+	abandoned, err := s.Delete(r.PathValue("name"), drain)
+	if err != nil {
+		writeAdminError(w, err)
+		return
+	}
+	if abandoned > 0 {
+		w.Header().Set("X-Llmgw-Abandoned-Requests", fmt.Sprint(abandoned))
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) handleDrain(drain bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name, id := r.PathValue("name"), r.PathValue("id")
+		if err := s.SetDraining(name, id, drain); err != nil {
+			writeAdminError(w, err)
+			return
+		}
+		st, err := s.Rule(name)
+		if err != nil {
+			writeAdminError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, st)
+	}
+}
+
+func (s *Server) handleDecisions(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var since time.Time
+	if v := q.Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			d, derr := time.ParseDuration(v)
+			if derr != nil || d < 0 {
+				writeAdminError(w, fmt.Errorf("%w: since=%q must be an RFC 3339 time or a duration such as 5m", errAdminBadRequest, v))
+				return
+			}
+			t = time.Now().Add(-d)
+		}
+		since = t
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"decisions": s.decisions.list(q.Get("rule"), since)})
+}
+
+// handleReady answers 200 when every rule has at least one available
+// endpoint, 503 otherwise, listing each rule's state.
+func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
+	rules := s.Rules()
+	ready := true
+	detail := map[string]bool{}
+	for _, st := range rules {
+		detail[st.Rule.Name] = st.Status.Ready
+		ready = ready && st.Status.Ready
+	}
+	code := http.StatusOK
+	if !ready {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, map[string]any{"ready": ready, "rules": detail})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// adminStatusFor maps a management-plane error to its HTTP status and code.
+// It is the only place that does so.
+func adminStatusFor(err error) (int, string) {
+	var ae *rule.AdmissionError
+	var fe *rule.FieldError
+	switch {
+	case errors.As(err, &ae):
+		if ae.Conflict {
+			return http.StatusConflict, ae.Code
+		}
+		return http.StatusBadRequest, ae.Code
+	case errors.As(err, &fe):
+		return http.StatusBadRequest, "invalid_rule"
+	case errors.Is(err, rule.ErrSyntax):
+		return http.StatusBadRequest, "invalid_rule"
+	case errors.Is(err, rule.ErrTooLarge), errors.Is(err, ErrBodyTooLarge):
+		return http.StatusRequestEntityTooLarge, "request_too_large"
+	case errors.Is(err, errUnauthorized):
+		return http.StatusUnauthorized, "unauthorized"
+	case errors.Is(err, errAdminBadRequest):
+		return http.StatusBadRequest, "bad_request"
+	case errors.Is(err, ErrRuleNotFound):
+		return http.StatusNotFound, "rule_not_found"
+	case errors.Is(err, ErrEndpointNotFound):
+		return http.StatusNotFound, "endpoint_not_found"
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound, "not_found"
+	case errors.Is(err, ErrRuleExists):
+		return http.StatusConflict, "rule_exists"
+	default:
+		return http.StatusInternalServerError, "internal_error"
+	}
+}
+
+func writeAdminError(w http.ResponseWriter, err error) {
+	code, tok := adminStatusFor(err)
+	writeJSON(w, code, map[string]any{"error": map[string]string{"code": tok, "message": err.Error()}})
+}

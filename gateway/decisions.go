@@ -1,0 +1,71 @@
+package gateway
+
+import (
+	"sync"
+	"time"
+)
+
+// Decision is one recorded routing decision (GET /v1/decisions).
+type Decision struct {
+	Time      time.Time `json:"time"`
+	RequestID string    `json:"request_id"`
+	Rule      string    `json:"rule"`
+	Endpoint  string    `json:"endpoint"`
+	Reason    string    `json:"reason"`
+	Spill     int       `json:"spill,omitempty"`
+}
+
+// decisionLog keeps the most recent decisions in a fixed ring, so recording
+// costs no allocation beyond the request id copy into a fixed array.
+type decisionLog struct {
+	mu   sync.Mutex
+	ring []decisionSlot
+	next uint64
+}
+
+type decisionSlot struct {
+	at       int64
+	rule     string
+	endpoint string
+	reason   string
+	spill    int
+	idLen    uint8
+	id       [255]byte
+}
+
+func newDecisionLog(n int) *decisionLog { return &decisionLog{ring: make([]decisionSlot, n)} }
+
+func (l *decisionLog) add(rule, endpoint, reason string, id []byte, spill int) {
+	now := time.Now().UnixNano()
+	l.mu.Lock()
+	sl := &l.ring[l.next%uint64(len(l.ring))]
+	l.next++
+	sl.at, sl.rule, sl.endpoint, sl.reason, sl.spill = now, rule, endpoint, reason, spill
+	sl.idLen = uint8(copy(sl.id[:], id))
+	l.mu.Unlock()
+}
+
+// list returns the recorded decisions, oldest first, filtered by rule ("" =
+// all) and time (zero = all).
+func (l *decisionLog) list(rule string, since time.Time) []Decision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := uint64(len(l.ring))
+	start := uint64(0)
+	if l.next > n {
+		start = l.next - n
+	}
+	out := []Decision{}
+	for i := start; i < l.next; i++ {
+		sl := &l.ring[i%n]
+		if rule != "" && sl.rule != rule {
+			continue
+		}
+		t := time.Unix(0, sl.at)
+		if !since.IsZero() && t.Before(since) {
+			continue
+		}
+		out = append(out, Decision{Time: t, RequestID: string(sl.id[:sl.idLen]), Rule: sl.rule, Endpoint: sl.endpoint, Reason: sl.reason, Spill: sl.spill})
+	}
+	return out
+}

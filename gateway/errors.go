@@ -1,0 +1,140 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/gateway/openai"
+	"github.com/llmgw/llmgw/gateway/policy"
+)
+
+// The gateway's own failures. Every error the data plane answers with is one
+// of these (possibly wrapped with detail); statusFor maps them to an HTTP
+// status and an OpenAI error body in one place.
+var (
+	// ErrBadRequest: the body is not a valid request (400).
+	ErrBadRequest = errors.New("gateway: invalid request")
+	// ErrUnknownModel: no rule serves the requested model and there is no
+	// default rule (404).
+	ErrUnknownModel = errors.New("gateway: model not served")
+	// ErrNotFound: no route for the path (404).
+	ErrNotFound = errors.New("gateway: no route")
+	// ErrMethodNotAllowed: e.g. GET on a completion path (405).
+	ErrMethodNotAllowed = errors.New("gateway: method not allowed")
+	// ErrBodyTooLarge: the request body is over the configured limit (413).
+	ErrBodyTooLarge = errors.New("gateway: request body too large")
+	// ErrNoEndpoint: the rule has no available endpoint (503).
+	ErrNoEndpoint = policy.ErrNoEndpoint
+	// ErrUpstreamUnreachable: the chosen worker (and the retry's) could not be
+	// connected, or closed before answering (502).
+	ErrUpstreamUnreachable = errors.New("gateway: backend unreachable")
+	// ErrUpstreamTimeout: the worker did not answer in time (504).
+	ErrUpstreamTimeout = errors.New("gateway: backend timed out")
+	// ErrUpstreamFailed: the worker's answer could not be read (502).
+	ErrUpstreamFailed = errors.New("gateway: backend response failed")
+)
+
+// DialError is a failure to connect to a worker. Nothing reached the
+// worker, so the request may be retried on another one.
+type DialError struct {
+	Addr string
+	Err  error
+}
+
+func (e *DialError) Error() string { return "gateway: dial " + e.Addr + ": " + e.Err.Error() }
+func (e *DialError) Unwrap() error { return e.Err }
+
+// apiError is the OpenAI error object: {"error":{"message","type","param","code"}}.
+type apiError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	} `json:"error"`
+}
+
+// statusFor maps an error to its HTTP status, OpenAI error type and stable
+// code. It is the only place that does so.
+func statusFor(err error) (status int, typ, code string) {
+	var ne net.Error
+	switch {
+	case errors.Is(err, ErrBadRequest), errors.Is(err, openai.ErrInvalid):
+		return fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request"
+	case errors.Is(err, ErrUnknownModel):
+		return fasthttp.StatusNotFound, "invalid_request_error", "model_not_found"
+	case errors.Is(err, ErrNotFound):
+		return fasthttp.StatusNotFound, "invalid_request_error", "not_found"
+	case errors.Is(err, ErrMethodNotAllowed):
+		return fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed"
+	case errors.Is(err, ErrBodyTooLarge), errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large"
+	case errors.Is(err, ErrNoEndpoint):
+		return fasthttp.StatusServiceUnavailable, "server_error", "no_available_endpoint"
+	case errors.Is(err, ErrUpstreamTimeout), errors.Is(err, fasthttp.ErrTimeout),
+		errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &ne) && ne.Timeout():
+		return fasthttp.StatusGatewayTimeout, "server_error", "backend_timeout"
+	case errors.Is(err, ErrUpstreamUnreachable), isDialError(err):
+		return fasthttp.StatusBadGateway, "server_error", "backend_unreachable"
+	default:
+		return fasthttp.StatusBadGateway, "server_error", "backend_failed"
+	}
+}
+
+func isDialError(err error) bool {
+	var de *DialError
+	return errors.As(err, &de)
+}
+
+// writeError answers ctx with err as an OpenAI error body.
+func writeError(ctx *fasthttp.RequestCtx, err error) {
+	status, typ, code := statusFor(err)
+	var body apiError
+	body.Error.Message = err.Error()
+	body.Error.Type = typ
+	body.Error.Code = code
+	b, _ := json.Marshal(&body)
+	ctx.Response.Reset()
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// sseErrorEvent is the event a stream ends with when its worker fails after
+// the response began: clients see an error, never a silent truncation.
+func sseErrorEvent(err error) []byte {
+	_, typ, code := statusFor(err)
+	var body apiError
+	body.Error.Message = err.Error()
+	body.Error.Type = typ
+	body.Error.Code = code
+	b, _ := json.Marshal(&body)
+	out := make([]byte, 0, len(b)+32)
+	out = append(out, "data: "...)
+	out = append(out, b...)
+	out = append(out, "\n\ndata: [DONE]\n\n"...)
+	return out
+}
+
+var statusText [600]string
+
+func init() {
+	for i := range statusText {
+		statusText[i] = strconv.Itoa(i)
+	}
+}
+
+// statusLabel returns the decimal status for metric labels without allocating.
+func statusLabel(code int) string {
+	if code >= 0 && code < len(statusText) {
+		return statusText[code]
+	}
+	return "other"
+}

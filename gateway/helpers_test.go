@@ -1,0 +1,203 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/goleak"
+
+	"github.com/llmgw/llmgw/gateway/rule"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// fasthttp's own housekeeping goroutines: each sleeps for its period
+		// and then exits once its pool is closed or empty. They are not ours
+		// to stop; everything the gateway starts is checked.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+	)
+}
+
+// backend is a real HTTP worker on 127.0.0.1:0 for gateway tests.
+type backend struct {
+	t       *testing.T
+	ln      net.Listener
+	srv     *fasthttp.Server
+	hits    atomic.Int64
+	health  atomic.Int32 // status for GET /health; 0 = 200
+	mu      sync.Mutex
+	headers []http.Header
+	handler func(ctx *fasthttp.RequestCtx)
+	done    chan struct{}
+}
+
+func (b *backend) addr() string { return b.ln.Addr().String() }
+
+func (b *backend) port() int {
+	_, p, _ := net.SplitHostPort(b.addr())
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+// lastHeader returns header h of the last inference request seen.
+func (b *backend) lastHeader(h string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.headers) == 0 {
+		return ""
+	}
+	return b.headers[len(b.headers)-1].Get(h)
+}
+
+// newBackend starts a worker; handler nil answers a small chat completion
+// naming the backend in "id".
+func newBackend(t *testing.T, name string, handler func(ctx *fasthttp.RequestCtx)) *backend {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &backend{t: t, ln: ln, handler: handler, done: make(chan struct{})}
+	b.srv = &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Path()) == "/health" {
+				if c := b.health.Load(); c != 0 {
+					ctx.SetStatusCode(int(c))
+				}
+				return
+			}
+			b.hits.Add(1)
+			h := http.Header{}
+			ctx.Request.Header.VisitAll(func(k, v []byte) { h.Add(string(k), string(v)) })
+			b.mu.Lock()
+			b.headers = append(b.headers, h)
+			b.mu.Unlock()
+			if b.handler != nil {
+				b.handler(ctx)
+				return
+			}
+			ctx.SetContentType("application/json")
+			fmt.Fprintf(ctx, `{"id":"%s","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}]}`, name)
+		},
+		CloseOnShutdown: true,
+	}
+	go func() {
+		defer close(b.done)
+		_ = b.srv.Serve(ln)
+	}()
+	t.Cleanup(b.close)
+	return b
+}
+
+func (b *backend) close() {
+	_ = b.srv.Shutdown()
+	<-b.done
+}
+
+// startGateway starts a gateway on loopback ports with a fresh state dir.
+func startGateway(t *testing.T, dir string, mod func(*Config)) *Server {
+	t.Helper()
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	cfg := Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: dir,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// ruleYAML builds a rule over backends; extra is YAML merged at the top.
+func ruleYAML(name, model string, extra string, bs ...*backend) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "name: %s\nmodel_name: %q\nprobe: {interval: 50ms, timeout: 40ms, failures: 2, successes: 1}\n", name, model)
+	sb.WriteString(extra)
+	if extra != "" && !strings.HasSuffix(extra, "\n") {
+		sb.WriteString("\n")
+	}
+	sb.WriteString("endpoints:\n")
+	for i, b := range bs {
+		fmt.Fprintf(&sb, "  - {id: w%d, endpointIP: 127.0.0.1, targetPort: %d}\n", i+1, b.port())
+	}
+	return sb.String()
+}
+
+func mustApply(t *testing.T, s *Server, y string) *rule.Rule {
+	t.Helper()
+	r, err := rule.Decode([]byte(y))
+	if err != nil {
+		t.Fatalf("decode rule: %v\n%s", err, y)
+	}
+	eff, err := s.Apply(r, false)
+	if err != nil {
+		t.Fatalf("apply rule: %v\n%s", err, y)
+	}
+	return eff
+}
+
+// client is a plain net/http client; its idle connections are closed at
+// test end so goleak sees no stray goroutines.
+func newClient(t *testing.T) *http.Client {
+	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 20 * time.Second}
+}
+
+func post(t *testing.T, c *http.Client, url, body string, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	data, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return resp, string(data)
+}
+
+// eventually polls cond every 5 ms until it holds or the deadline passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+const chatBody = `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`

@@ -1,0 +1,132 @@
+package gateway
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/llmgw/llmgw/gateway/upstream"
+)
+
+// metrics holds the gateway's Prometheus series. Live per-endpoint state
+// (in-flight, health, breaker, drain) is read at scrape time by a collector,
+// so it can never drift from the data plane and needs no cleanup when a rule
+// goes away.
+type metrics struct {
+	reg *prometheus.Registry
+
+	requests           *prometheus.CounterVec
+	rejected           *prometheus.CounterVec
+	retries            *prometheus.CounterVec
+	clientCancels      *prometheus.CounterVec
+	streamErrors       *prometheus.CounterVec
+	breakerTransitions *prometheus.CounterVec
+	probeTransitions   *prometheus.CounterVec
+	upstreamLatency    *prometheus.HistogramVec
+	ttfb               *prometheus.HistogramVec
+	overhead           *prometheus.HistogramVec
+}
+
+func newMetrics(s *Server) *metrics {
+	reg := prometheus.NewRegistry()
+	latencyBuckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+	m := &metrics{
+		reg: reg,
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_requests_total", Help: "Proxied requests by rule, endpoint and HTTP status relayed to the client (endpoint empty when none was chosen).",
+		}, []string{"rule", "endpoint", "status"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_rejected_requests_total", Help: "Requests refused by the gateway before routing, by reason.",
+		}, []string{"reason"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_retries_total", Help: "Requests retried on another endpoint after a failure before any response byte.",
+		}, []string{"rule"}),
+		clientCancels: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_client_cancels_total", Help: "Streams the client abandoned; the worker request was cancelled.",
+		}, []string{"rule"}),
+		streamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_stream_errors_total", Help: "Streams whose worker failed after the response began.",
+		}, []string{"rule", "endpoint"}),
+		breakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_breaker_transitions_total", Help: "Circuit breaker state changes, by the state entered.",
+		}, []string{"rule", "endpoint", "to"}),
+		probeTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_probe_transitions_total", Help: "Active health verdict changes, by the verdict entered (up or down).",
+		}, []string{"rule", "endpoint", "to"}),
+		upstreamLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "llmgw_upstream_duration_seconds", Help: "Time from sending the request to a worker until its response ended.", Buckets: latencyBuckets,
+		}, []string{"rule"}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "llmgw_upstream_first_byte_seconds", Help: "Time from sending the request to a worker until its response headers arrived.", Buckets: latencyBuckets,
+		}, []string{"rule"}),
+		overhead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmgw_gateway_overhead_seconds",
+			Help:    "Time the gateway added: total request time minus the time spent waiting on the worker.",
+			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05},
+		}, []string{"rule"}),
+	}
+	reg.MustRegister(m.requests, m.rejected, m.retries, m.clientCancels, m.streamErrors,
+		m.breakerTransitions, m.probeTransitions, m.upstreamLatency, m.ttfb, m.overhead,
+		&liveCollector{s: s},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// observe records one finished request.
+func (m *metrics) observe(rule, endpoint string, status int, total, upstreamDur, ttfb time.Duration) {
+	m.requests.WithLabelValues(rule, endpoint, statusLabel(status)).Inc()
+	m.upstreamLatency.WithLabelValues(rule).Observe(upstreamDur.Seconds())
+	m.ttfb.WithLabelValues(rule).Observe(ttfb.Seconds())
+	if over := total - upstreamDur; over >= 0 {
+		m.overhead.WithLabelValues(rule).Observe(over.Seconds())
+	}
+}
+
+var (
+	descInFlight = prometheus.NewDesc("llmgw_inflight_requests", "Requests in flight on an endpoint.", []string{"rule", "endpoint"}, nil)
+	descUp       = prometheus.NewDesc("llmgw_endpoint_healthy", "1 when the endpoint's active health probe says up.", []string{"rule", "endpoint"}, nil)
+	descAvail    = prometheus.NewDesc("llmgw_endpoint_available", "1 when the endpoint takes new requests (healthy, breaker not open, not draining).", []string{"rule", "endpoint"}, nil)
+	descDraining = prometheus.NewDesc("llmgw_endpoint_draining", "1 while the endpoint is drained.", []string{"rule", "endpoint"}, nil)
+	descBreaker  = prometheus.NewDesc("llmgw_breaker_state", "Circuit breaker state: 0 closed, 1 open, 2 half-open; absent when disabled.", []string{"rule", "endpoint"}, nil)
+)
+
+// liveCollector reads endpoint state at scrape time.
+type liveCollector struct{ s *Server }
+
+func (c *liveCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descInFlight
+	ch <- descUp
+	ch <- descAvail
+	ch <- descDraining
+	ch <- descBreaker
+}
+
+func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
+	c.s.mu.Lock()
+	rts := make([]*ruleRuntime, 0, len(c.s.rules))
+	for _, rt := range c.s.rules {
+		rts = append(rts, rt)
+	}
+	c.s.mu.Unlock()
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	for _, rt := range rts {
+		for _, ep := range rt.eps {
+			n, id := rt.rule.Name, ep.ID
+			ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(ep.InFlight()), n, id)
+			ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, b2f(!ep.Down()), n, id)
+			ch <- prometheus.MustNewConstMetric(descAvail, prometheus.GaugeValue, b2f(ep.Available()), n, id)
+			ch <- prometheus.MustNewConstMetric(descDraining, prometheus.GaugeValue, b2f(ep.Draining()), n, id)
+			if b := ep.Breaker(); b != nil {
+				ch <- prometheus.MustNewConstMetric(descBreaker, prometheus.GaugeValue, float64(breakerValue(b.State())), n, id)
+			}
+		}
+	}
+}
+
+func breakerValue(s upstream.BreakerState) int { return int(s) }

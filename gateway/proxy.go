@@ -1,0 +1,416 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+
+	"github.com/llmgw/llmgw/gateway/openai"
+	"github.com/llmgw/llmgw/gateway/policy"
+	"github.com/llmgw/llmgw/gateway/upstream"
+)
+
+var (
+	pathChat        = []byte("/v1/chat/completions")
+	pathCompletions = []byte("/v1/completions")
+	pathModels      = []byte("/v1/models")
+
+	hdrRequestID  = []byte("X-Request-Id")
+	ctEventStream = []byte("text/event-stream")
+	doneMarker    = []byte("data: [DONE]")
+
+	// hopHeaders are connection-scoped (RFC 9110 §7.6.1) and never forwarded.
+	hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "TE", "Trailer", "Transfer-Encoding", "Upgrade"}
+)
+
+// reqState is the per-request scratch space, pooled so that the request path
+// does not allocate for parsing or policy input.
+type reqState struct {
+	parser fastjson.Parser
+	oreq   openai.Request
+	preq   policy.Request
+	id     [32]byte
+}
+
+var statePool = sync.Pool{New: func() any { return new(reqState) }}
+
+var relayBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (s *Server) newDataServer(key string) *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:            func(ctx *fasthttp.RequestCtx) { s.serveData(ctx, key) },
+		Name:               "llmgw",
+		MaxRequestBodySize: s.cfg.MaxBodyBytes,
+		// ReadTimeout bounds reading one whole request (headers and body):
+		// a client that trickles bytes (slowloris) is cut off.
+		ReadTimeout:           30 * time.Second,
+		IdleTimeout:           120 * time.Second,
+		ReadBufferSize:        16 << 10, // also the request header size limit
+		CloseOnShutdown:       true,
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		Logger:                discardLogger{},
+		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+				writeError(ctx, fmt.Errorf("%w: the limit is %d bytes", ErrBodyTooLarge, s.cfg.MaxBodyBytes))
+				s.metrics.rejected.WithLabelValues("body_too_large").Inc()
+				return
+			}
+			writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))
+			s.metrics.rejected.WithLabelValues("malformed_http").Inc()
+		},
+	}
+}
+
+type discardLogger struct{}
+
+func (discardLogger) Printf(string, ...any) {}
+
+// serveData is the data-plane handler of the listener key.
+func (s *Server) serveData(ctx *fasthttp.RequestCtx, key string) {
+	path := ctx.Path()
+	switch {
+	case bytes.Equal(path, pathChat):
+		s.serveCompletion(ctx, key, openai.Chat)
+	case bytes.Equal(path, pathCompletions):
+		s.serveCompletion(ctx, key, openai.Completion)
+	case bytes.Equal(path, pathModels):
+		s.serveModels(ctx, key)
+	default:
+		s.servePassthrough(ctx, key)
+	}
+}
+
+func (s *Server) routes(key string) *listenRoutes {
+	return s.table.Load().byListen[key]
+}
+
+func (s *Server) serveModels(ctx *fasthttp.RequestCtx, key string) {
+	if !ctx.IsGet() {
+		ctx.Response.Header.Set("Allow", "GET")
+		writeError(ctx, fmt.Errorf("%w: %s %s; use GET", ErrMethodNotAllowed, ctx.Method(), ctx.Path()))
+		return
+	}
+	var models []string
+	if lr := s.routes(key); lr != nil {
+		models = lr.models
+	}
+	buf := make([]byte, 0, 64+64*len(models))
+	buf = append(buf, `{"object":"list","data":[`...)
+	for i, m := range models {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, `{"id":`...)
+		buf = appendJSONString(buf, m)
+		buf = append(buf, `,"object":"model","owned_by":"llmgw"}`...)
+	}
+	buf = append(buf, "]}"...)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(buf)
+}
+
+// serveCompletion routes one completion request by its model.
+func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind openai.Kind) {
+	start := time.Now()
+	if !ctx.IsPost() {
+		ctx.Response.Header.Set("Allow", "POST")
+		writeError(ctx, fmt.Errorf("%w: %s %s; completions are POST requests", ErrMethodNotAllowed, ctx.Method(), ctx.Path()))
+		s.metrics.rejected.WithLabelValues("method").Inc()
+		return
+	}
+	st := statePool.Get().(*reqState)
+	defer statePool.Put(st)
+	v, model, err := openai.Decode(&st.parser, ctx.PostBody())
+	if err != nil {
+		writeError(ctx, err)
+		s.metrics.rejected.WithLabelValues("invalid_body").Inc()
+		return
+	}
+	lr := s.routes(key)
+	var rt *ruleRuntime
+	if lr != nil {
+		if rt = lr.byModel[string(model)]; rt == nil {
+			rt = lr.def
+		}
+	}
+	if rt == nil {
+		writeError(ctx, fmt.Errorf("%w: no rule serves model %q on this listener (GET /v1/models lists the served models)", ErrUnknownModel, model))
+		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
+		return
+	}
+	if err := openai.Extract(v, model, kind, rt.prefix, &st.oreq); err != nil {
+		writeError(ctx, err)
+		s.metrics.rejected.WithLabelValues("invalid_body").Inc()
+		return
+	}
+	st.preq = policy.Request{KeyHash: st.oreq.KeyHash, HasKey: st.oreq.HasKey}
+	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(ctx)
+	st.preq.Session = rt.sessionValue(ctx, st.oreq.User)
+	s.forward(ctx, rt, st, st.oreq.Stream, start)
+}
+
+// servePassthrough relays any other path to the listener's default rule.
+func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, key string) {
+	start := time.Now()
+	lr := s.routes(key)
+	if lr == nil || lr.def == nil {
+		writeError(ctx, fmt.Errorf("%w: %s %s (this listener has no default rule for other paths)", ErrNotFound, ctx.Method(), ctx.Path()))
+		return
+	}
+	st := statePool.Get().(*reqState)
+	defer statePool.Put(st)
+	st.preq = policy.Request{}
+	s.forward(ctx, lr.def, st, false, start)
+}
+
+// requestID returns the client's X-Request-Id, or a fresh 32-hex-char id.
+func requestID(ctx *fasthttp.RequestCtx, st *reqState) []byte {
+	if v := ctx.Request.Header.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 256 && printable(v) {
+		return v
+	}
+	var raw [16]byte
+	a, b := rand.Uint64(), rand.Uint64()
+	for i := 0; i < 8; i++ {
+		raw[i], raw[8+i] = byte(a>>(8*i)), byte(b>>(8*i))
+	}
+	hex.Encode(st.id[:], raw[:])
+	return st.id[:]
+}
+
+func printable(b []byte) bool {
+	for _, c := range b {
+		if c < 0x21 || c > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// forward sends the request to an endpoint chosen by rt's policy, retrying
+// once on another endpoint when the first fails before any response byte,
+// and relays the answer.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState, stream bool, start time.Time) {
+	id := requestID(ctx, st)
+	ctx.Request.Header.SetBytesKV(hdrRequestID, id)
+	ctx.Response.Header.SetBytesKV(hdrRequestID, id)
+	var lastErr error
+	for attempt := 0; attempt < 2; attempt++ {
+		d, err := rt.picker.Pick(&st.preq)
+		if err != nil {
+			if lastErr == nil {
+				lastErr = fmt.Errorf("%w: rule %q has no endpoint that is healthy, closed-breaker and not draining", ErrNoEndpoint, rt.rule.Name)
+				s.metrics.requests.WithLabelValues(rt.rule.Name, "", "503").Inc()
+			}
+			break
+		}
+		ep := d.Endpoint
+		release := ep.Acquire()
+		req := fasthttp.AcquireRequest()
+		ctx.Request.Header.CopyTo(&req.Header)
+		for _, h := range hopHeaders {
+			req.Header.Del(h)
+		}
+		req.Header.SetHost(ep.Addr)
+		req.SetBodyRaw(ctx.PostBody())
+		resp := fasthttp.AcquireResponse()
+		resp.StreamBody = stream
+		upStart := time.Now()
+		err = rt.clients[ep.Index].Do(req, resp)
+		fasthttp.ReleaseRequest(req)
+		if err != nil {
+			release()
+			fasthttp.ReleaseResponse(resp)
+			timeout := isTimeout(err)
+			if b := ep.Breaker(); b != nil {
+				b.RecordConnFailure()
+			}
+			if timeout {
+				lastErr = fmt.Errorf("%w: endpoint %s (%s) sent no response within the first-byte timeout: %v", ErrUpstreamTimeout, ep.ID, ep.Addr, err)
+				s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "504").Inc()
+				break
+			}
+			lastErr = fmt.Errorf("%w: endpoint %s (%s): %v", ErrUpstreamUnreachable, ep.ID, ep.Addr, err)
+			s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "502").Inc()
+			s.log.Warn("upstream failed before any response byte", "rule", rt.rule.Name, "endpoint", ep.ID, "attempt", attempt+1, "err", err)
+			if attempt == 0 {
+				s.metrics.retries.WithLabelValues(rt.rule.Name).Inc()
+				st.preq.Exclude = ep
+				continue
+			}
+			break
+		}
+		s.decisions.add(rt.rule.Name, ep.ID, d.Reason.String(), id, d.Spill)
+		s.relay(ctx, rt, ep, d, resp, release, start, upStart)
+		return
+	}
+	writeError(ctx, lastErr)
+}
+
+func isTimeout(err error) bool {
+	status, _, _ := statusFor(err)
+	return status == fasthttp.StatusGatewayTimeout
+}
+
+// relay copies the worker's response to the client: buffered for plain
+// responses, event by event for streams. It owns resp and release.
+func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, d policy.Decision, resp *fasthttp.Response, release func(), start, upStart time.Time) {
+	status := resp.StatusCode()
+	if b := ep.Breaker(); b != nil {
+		switch {
+		case status >= 500:
+			if b.RecordOrigin5xx() {
+				s.log.Warn("endpoint demoted after consecutive 5xx answers", "rule", rt.rule.Name, "endpoint", ep.ID)
+			}
+		case status >= 400:
+			b.RecordClientError()
+		default:
+			b.RecordSuccess()
+		}
+	}
+	ctx.Response.Header.SetStatusCode(status)
+	resp.Header.VisitAll(func(k, v []byte) {
+		ctx.Response.Header.AddBytesKV(k, v)
+	})
+	for _, h := range hopHeaders {
+		ctx.Response.Header.Del(h)
+	}
+	ctx.Response.Header.SetContentTypeBytes(resp.Header.ContentType())
+	ctx.Response.Header.Set("X-Llmgw-Endpoint", ep.ID)
+	ctx.Response.Header.Set("X-Llmgw-Route", d.Reason.String())
+
+	m := s.metrics
+	stream := resp.BodyStream()
+	sse := bytes.HasPrefix(resp.Header.ContentType(), ctEventStream)
+	if stream == nil || (!sse && resp.Header.ContentLength() >= 0) {
+		// Plain response: buffer it (it is bounded by MaxResponseBodySize).
+		var body []byte
+		var err error
+		if stream != nil {
+			body, err = io.ReadAll(io.LimitReader(stream, 64<<20))
+			_ = resp.CloseBodyStream()
+		} else {
+			body = resp.Body()
+		}
+		upDur := time.Since(upStart)
+		release()
+		if err != nil {
+			fasthttp.ReleaseResponse(resp)
+			if b := ep.Breaker(); b != nil {
+				b.RecordConnFailure()
+			}
+			writeError(ctx, fmt.Errorf("%w: endpoint %s: reading the response: %v", ErrUpstreamFailed, ep.ID, err))
+			m.requests.WithLabelValues(rt.rule.Name, ep.ID, "502").Inc()
+			return
+		}
+		ctx.Response.SetBody(body)
+		fasthttp.ReleaseResponse(resp)
+		m.observe(rt.rule.Name, ep.ID, status, time.Since(start), upDur, upDur)
+		return
+	}
+
+	ttfb := time.Since(upStart)
+	ruleName := rt.rule.Name
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		bp := relayBufPool.Get().(*[]byte)
+		buf := *bp
+		var upErr error
+		clientGone, sawDone := false, false
+		var tail [len("data: [DONE]")]byte
+		for {
+			n, err := stream.Read(buf)
+			if n > 0 {
+				if !sawDone {
+					sawDone = containsAcross(tail[:], buf[:n], doneMarker)
+				}
+				if _, werr := w.Write(buf[:n]); werr != nil {
+					clientGone = true
+					break
+				}
+				if werr := w.Flush(); werr != nil {
+					clientGone = true
+					break
+				}
+			}
+			if err != nil {
+				if err != io.EOF {
+					upErr = err
+				}
+				break
+			}
+		}
+		relayBufPool.Put(bp)
+		// Closing a stream that was not read to its end closes the worker
+		// connection: that is how a client disconnect cancels the request.
+		_ = resp.CloseBodyStream()
+		upDur := time.Since(upStart)
+		release()
+		fasthttp.ReleaseResponse(resp)
+		code := status
+		switch {
+		case clientGone:
+			m.clientCancels.WithLabelValues(ruleName).Inc()
+		case upErr != nil:
+			if b := ep.Breaker(); b != nil {
+				b.RecordConnFailure()
+			}
+			werr := fmt.Errorf("%w: endpoint %s: stream broke after the response began: %v", ErrUpstreamFailed, ep.ID, upErr)
+			if isTimeout(upErr) {
+				werr = fmt.Errorf("%w: endpoint %s: stream idle past the idle timeout", ErrUpstreamTimeout, ep.ID)
+			}
+			if sse && !sawDone {
+				_, _ = w.Write(sseErrorEvent(werr))
+				_ = w.Flush()
+			}
+			m.streamErrors.WithLabelValues(ruleName, ep.ID).Inc()
+			s.log.Warn("upstream stream failed", "rule", ruleName, "endpoint", ep.ID, "err", upErr)
+		}
+		m.observe(ruleName, ep.ID, code, time.Since(start), upDur, ttfb)
+	})
+}
+
+// containsAcross reports whether marker occurs in the byte stream whose
+// previous bytes end in tail and whose next bytes are b; it updates tail.
+func containsAcross(tail, b, marker []byte) bool {
+	found := bytes.Contains(b, marker)
+	if !found {
+		var join [64]byte
+		j := append(join[:0], tail...)
+		k := min(len(b), len(marker)-1)
+		j = append(j, b[:k]...)
+		found = bytes.Contains(j, marker)
+	}
+	if len(b) >= len(tail) {
+		copy(tail, b[len(b)-len(tail):])
+	} else {
+		copy(tail, tail[len(b):])
+		copy(tail[len(tail)-len(b):], b)
+	}
+	return found
+}
+
+func appendJSONString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20:
+			dst = append(dst, `\u00`...)
+			dst = append(dst, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&15])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
+}

@@ -1,0 +1,248 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/llmgw/llmgw/gateway/rule"
+)
+
+// ErrRuleNotFound is returned for operations on a rule name that does not
+// exist (admin API: 404).
+var ErrRuleNotFound = errors.New("gateway: rule not found")
+
+// ErrEndpointNotFound is returned for an endpoint id the rule does not have.
+var ErrEndpointNotFound = errors.New("gateway: endpoint not found")
+
+// ErrRuleExists is returned by Create for a name already in use (409).
+var ErrRuleExists = errors.New("gateway: rule already exists")
+
+// Apply admits r, persists it, and installs it, replacing a rule of the same
+// name. create=true refuses an existing name (POST semantics). It returns the
+// effective rule. Nothing changes when any step fails: a rule that is not
+// persisted is not served, and a rule that cannot be served (its listener
+// cannot bind) is not persisted.
+func (s *Server) Apply(r *rule.Rule, create bool) (*rule.Rule, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var existing *rule.Rule
+	if rt := s.rules[r.Name]; rt != nil {
+		if create {
+			return nil, fmt.Errorf("%w: %q (use PUT to update it)", ErrRuleExists, r.Name)
+		}
+		existing = rt.rule
+	}
+	others := make([]*rule.Rule, 0, len(s.rules))
+	for name, rt := range s.rules {
+		if name != r.Name {
+			others = append(others, rt.rule)
+		}
+	}
+	if err := rule.Admit(r, existing, others); err != nil {
+		return nil, err
+	}
+	eff := r.Effective()
+	// Bind a new dedicated listener before persisting: a rule that cannot be
+	// served must not be acknowledged.
+	key := rule.ListenKey(eff.Listen)
+	_, hadListener := s.listeners[key]
+	if _, err := s.ensureListener(key); err != nil {
+		return nil, err
+	}
+	if err := s.store.Put(r); err != nil {
+		if !hadListener {
+			s.dropListenerLocked(key)
+		}
+		return nil, fmt.Errorf("gateway: persisting rule %q: %w", r.Name, err)
+	}
+	if err := s.installLocked(r); err != nil {
+		// Admission passed, so this is a gateway fault; keep the stored copy
+		// consistent with what runs.
+		if existing != nil {
+			_ = s.store.Put(existing)
+		} else {
+			_ = s.store.Delete(r.Name)
+		}
+		return nil, err
+	}
+	s.publishLocked()
+	s.log.Info("rule applied", "rule", r.Name, "model", eff.ModelName, "sel", eff.Sel, "endpoints", len(eff.Endpoints))
+	return eff.Clone(), nil
+}
+
+func (s *Server) dropListenerLocked(key string) {
+	if l := s.listeners[key]; l != nil && key != "" {
+		delete(s.listeners, key)
+		_ = l.ln.Close()
+	}
+}
+
+// installLocked builds and starts the runtime for r (as stored, before
+// defaults), replacing any runtime of the same name. Caller holds s.mu and
+// publishes afterwards.
+func (s *Server) installLocked(r *rule.Rule) error {
+	eff := r.Effective()
+	if _, err := s.ensureListener(rule.ListenKey(eff.Listen)); err != nil {
+		return err
+	}
+	prev := s.rules[eff.Name]
+	rt, err := s.buildRuntime(eff, prev)
+	if err != nil {
+		return err
+	}
+	rt.start(s)
+	s.rules[eff.Name] = rt
+	if prev != nil {
+		prev.stop()
+	}
+	return nil
+}
+
+// Delete removes rule name. With drain > 0 its endpoints stop taking new
+// requests first and Delete waits, up to drain, for in-flight requests to
+// finish; it reports how many were still running when it gave up.
+func (s *Server) Delete(name string, drain time.Duration) (abandoned int64, err error) {
+	s.mu.Lock()
+	rt := s.rules[name]
+	s.mu.Unlock()
+	if rt == nil {
+		return 0, fmt.Errorf("%w: %q", ErrRuleNotFound, name)
+	}
+	if drain > 0 {
+		for _, ep := range rt.eps {
+			ep.SetDraining(true)
+		}
+		deadline := time.Now().Add(drain)
+		tick := time.NewTicker(20 * time.Millisecond)
+		for rt.inFlight() > 0 && time.Now().Before(deadline) {
+			select {
+			case <-tick.C:
+			case <-s.ctx.Done():
+				tick.Stop()
+				return rt.inFlight(), s.ctx.Err()
+			}
+		}
+		tick.Stop()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.rules[name] != rt {
+		return 0, fmt.Errorf("gateway: rule %q changed while draining; not deleted", name)
+	}
+	if err := s.store.Delete(name); err != nil {
+		return 0, fmt.Errorf("gateway: deleting rule %q: %w", name, err)
+	}
+	delete(s.rules, name)
+	s.publishLocked()
+	rt.stop()
+	s.log.Info("rule deleted", "rule", name)
+	return rt.inFlight(), nil
+}
+
+// SetDraining drains (true) or undrains one endpoint of a rule, or every
+// endpoint when id is "".
+func (s *Server) SetDraining(name, id string, drain bool) error {
+	s.mu.Lock()
+	rt := s.rules[name]
+	s.mu.Unlock()
+	if rt == nil {
+		return fmt.Errorf("%w: %q", ErrRuleNotFound, name)
+	}
+	if id == "" {
+		for _, ep := range rt.eps {
+			ep.SetDraining(drain)
+		}
+		return nil
+	}
+	ep := rt.byID[id]
+	if ep == nil {
+		return fmt.Errorf("%w: %q in rule %q", ErrEndpointNotFound, id, name)
+	}
+	ep.SetDraining(drain)
+	s.log.Info("endpoint drain", "rule", name, "endpoint", id, "draining", drain)
+	return nil
+}
+
+// RuleStatus is a rule's effective configuration plus live state, as the
+// admin API returns it.
+type RuleStatus struct {
+	Rule   *rule.Rule     `json:"rule"`
+	Status RuleLiveStatus `json:"status"`
+}
+
+// RuleLiveStatus is the live part of a RuleStatus.
+type RuleLiveStatus struct {
+	Address   string           `json:"address"`
+	Ready     bool             `json:"ready"`
+	InFlight  int64            `json:"in_flight"`
+	Endpoints []EndpointStatus `json:"endpoints"`
+}
+
+// EndpointStatus is one endpoint's live state.
+type EndpointStatus struct {
+	ID        string `json:"id"`
+	Address   string `json:"address"`
+	Role      int    `json:"ep_role"`
+	Available bool   `json:"available"`
+	Healthy   bool   `json:"healthy"`
+	Breaker   string `json:"breaker"`
+	Draining  bool   `json:"draining"`
+	InFlight  int64  `json:"in_flight"`
+}
+
+// Rule returns rule name's effective configuration and live status.
+func (s *Server) Rule(name string) (*RuleStatus, error) {
+	s.mu.Lock()
+	rt := s.rules[name]
+	var addr string
+	if rt != nil {
+		if l := s.listeners[rt.listenKey]; l != nil {
+			addr = l.ln.Addr().String()
+		}
+	}
+	s.mu.Unlock()
+	if rt == nil {
+		return nil, fmt.Errorf("%w: %q", ErrRuleNotFound, name)
+	}
+	return rt.status(addr), nil
+}
+
+// Rules returns every rule's status, sorted by name.
+func (s *Server) Rules() []*RuleStatus {
+	s.mu.Lock()
+	names := make([]string, 0, len(s.rules))
+	for n := range s.rules {
+		names = append(names, n)
+	}
+	s.mu.Unlock()
+	sort.Strings(names)
+	out := make([]*RuleStatus, 0, len(names))
+	for _, n := range names {
+		if st, err := s.Rule(n); err == nil {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+func (rt *ruleRuntime) status(addr string) *RuleStatus {
+	st := &RuleStatus{Rule: rt.rule.Clone(), Status: RuleLiveStatus{Address: addr}}
+	for _, ep := range rt.eps {
+		es := EndpointStatus{
+			ID: ep.ID, Address: ep.Addr, Role: int(ep.Role),
+			Available: ep.Available(), Healthy: !ep.Down(), Draining: ep.Draining(),
+			InFlight: ep.InFlight(), Breaker: "disabled",
+		}
+		if b := ep.Breaker(); b != nil {
+			es.Breaker = b.State().String()
+		}
+		if es.Available {
+			st.Status.Ready = true
+		}
+		st.Status.InFlight += es.InFlight
+		st.Status.Endpoints = append(st.Status.Endpoints, es)
+	}
+	return st
+}

@@ -1,0 +1,232 @@
+package gateway
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/gateway/policy"
+	"github.com/llmgw/llmgw/gateway/rule"
+	"github.com/llmgw/llmgw/gateway/upstream"
+)
+
+// ruleRuntime is one admitted rule as the data plane runs it. It is
+// immutable once built, except for the endpoints' own live state; an update
+// builds a new ruleRuntime and swaps the routing table.
+type ruleRuntime struct {
+	rule      *rule.Rule // effective
+	listenKey string
+	eps       []*upstream.Endpoint
+	byID      map[string]*upstream.Endpoint
+	clients   []*fasthttp.HostClient // by endpoint Index
+	picker    policy.Picker
+
+	sessSource string // "header", "cookie", "query" or "" (body user only)
+	sessName   []byte
+	prefix     int
+
+	cancel context.CancelFunc // stops the prober
+	wg     sync.WaitGroup
+}
+
+// buildRuntime turns an effective rule into a runtime. prev, when non-nil,
+// is the runtime it replaces: endpoint state (drain, probe verdict, breaker)
+// and learned session bindings carry over by endpoint ID.
+func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, error) {
+	rt := &ruleRuntime{
+		rule:      eff,
+		listenKey: rule.ListenKey(eff.Listen),
+		byID:      make(map[string]*upstream.Endpoint, len(eff.Endpoints)),
+		prefix:    eff.CHWBL.PrefixBytes,
+	}
+	cbOn := eff.CBEnable == nil || *eff.CBEnable
+	for i, e := range eff.Endpoints {
+		var br *upstream.Breaker
+		if cbOn {
+			ruleName, epID := eff.Name, e.ID
+			br = upstream.NewBreaker(upstream.BreakerConfig{
+				Failures:       eff.CB.Failures,
+				OpenFor:        eff.CB.OpenFor.Std(),
+				HalfOpenTrials: eff.CB.HalfOpenTrials,
+				Origin5xx:      eff.CB.Origin5xx,
+				OnChange: func(from, to upstream.BreakerState) {
+					s.log.Warn("breaker state change", "rule", ruleName, "endpoint", epID, "from", from.String(), "to", to.String())
+					s.metrics.breakerTransitions.WithLabelValues(ruleName, epID, to.String()).Inc()
+				},
+			})
+		}
+		addr := net.JoinHostPort(e.EndpointIP, strconv.Itoa(e.TargetPort))
+		weight := 1
+		if e.Weight != nil {
+			weight = *e.Weight
+		}
+		ep := upstream.New(e.ID, e.EndpointIP, e.TargetPort, addr, weight, upstream.Role(e.EPRole), i, br)
+		if prev != nil {
+			if old := prev.byID[e.ID]; old != nil && old.Addr == addr {
+				ep.CopyStateFrom(old)
+			}
+		}
+		rt.eps = append(rt.eps, ep)
+		rt.byID[e.ID] = ep
+		rt.clients = append(rt.clients, s.hostClient(addr, eff.Timeouts))
+	}
+	p, err := policy.New(policy.Config{
+		Sel:        eff.Sel,
+		LoadFactor: eff.CHWBL.LoadFactor,
+		Replicas:   eff.CHWBL.Replicas,
+		SessionTTL: eff.SessionTTL.Std(),
+	}, rt.eps)
+	if err != nil {
+		return nil, err
+	}
+	if prev != nil {
+		if inh, ok := p.(policy.Inheritor); ok {
+			inh.Inherit(prev.picker)
+		}
+	}
+	rt.picker = p
+	if eff.SessionHeaderName != "" {
+		src, name, err := rule.ParseSessionKey(eff.SessionHeaderName)
+		if err != nil {
+			return nil, err
+		}
+		rt.sessSource, rt.sessName = src, []byte(name)
+	}
+	return rt, nil
+}
+
+// start launches the runtime's background work (health probes).
+func (rt *ruleRuntime) start(s *Server) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	rt.cancel = cancel
+	if !rt.rule.Probe.Disabled {
+		for _, ep := range rt.eps {
+			rt.wg.Add(1)
+			go func() {
+				defer rt.wg.Done()
+				s.probeLoop(ctx, rt, ep)
+			}()
+		}
+	}
+}
+
+// stop ends the runtime's background work and waits for it.
+func (rt *ruleRuntime) stop() {
+	if rt.cancel != nil {
+		rt.cancel()
+	}
+	rt.wg.Wait()
+}
+
+// inFlight sums the in-flight requests of every endpoint.
+func (rt *ruleRuntime) inFlight() int64 {
+	var n int64
+	for _, ep := range rt.eps {
+		n += ep.InFlight()
+	}
+	return n
+}
+
+// sessionValue extracts the session-affinity value: the configured header,
+// cookie or query argument, else the body's "user".
+func (rt *ruleRuntime) sessionValue(ctx *fasthttp.RequestCtx, user []byte) []byte {
+	switch rt.sessSource {
+	case "header":
+		if v := ctx.Request.Header.PeekBytes(rt.sessName); len(v) > 0 {
+			return v
+		}
+	case "cookie":
+		if v := ctx.Request.Header.CookieBytes(rt.sessName); len(v) > 0 {
+			return v
+		}
+	case "query":
+		if v := ctx.QueryArgs().PeekBytes(rt.sessName); len(v) > 0 {
+			return v
+		}
+	}
+	return user
+}
+
+var (
+	hdrConversationID = []byte("X-Conversation-Id")
+	hdrSessionID      = []byte("X-Session-Id")
+)
+
+// conversationHash hashes a conversation header for CHWBL requests that
+// carry no content key. X-Request-Id is deliberately not a conversation key:
+// it is unique per request (reference gateway bug §16 #10).
+func (rt *ruleRuntime) conversationHash(ctx *fasthttp.RequestCtx) (uint64, bool) {
+	if rt.sessSource == "header" {
+		if v := ctx.Request.Header.PeekBytes(rt.sessName); len(v) > 0 {
+			return xxhash.Sum64(v), true
+		}
+	}
+	for _, h := range [...][]byte{hdrConversationID, hdrSessionID} {
+		if v := ctx.Request.Header.PeekBytes(h); len(v) > 0 {
+			return xxhash.Sum64(v), true
+		}
+	}
+	return 0, false
+}
+
+// hostClient returns the shared keep-alive pool for addr with the given
+// timeouts, creating it on first use. Pools are shared across rules and
+// rule updates so that an edit does not drop warm connections.
+func (s *Server) hostClient(addr string, t rule.TimeoutsConfig) *fasthttp.HostClient {
+	key := clientKey{addr: addr, connect: t.Connect.Std(), firstByte: t.FirstByte.Std(), idle: t.Idle.Std()}
+	s.clientsMu.Lock()
+	defer s.clientsMu.Unlock()
+	if hc := s.clients[key]; hc != nil {
+		return hc
+	}
+	connect, idle := key.connect, key.idle
+	hc := &fasthttp.HostClient{
+		Addr: addr,
+		Dial: func(a string) (net.Conn, error) {
+			c, err := net.DialTimeout("tcp", a, connect)
+			if err != nil {
+				return nil, &DialError{Addr: a, Err: err}
+			}
+			return &idleConn{Conn: c, idle: idle}, nil
+		},
+		MaxConns:                      8192,
+		MaxIdleConnDuration:           90 * time.Second,
+		ReadTimeout:                   key.firstByte,
+		WriteTimeout:                  30 * time.Second,
+		MaxResponseBodySize:           64 << 20,
+		MaxIdemponentCallAttempts:     1,
+		RetryIfErr:                    func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+		DisableHeaderNamesNormalizing: true,
+		DisablePathNormalizing:        true,
+		NoDefaultUserAgentHeader:      true,
+	}
+	s.clients[key] = hc
+	return hc
+}
+
+type clientKey struct {
+	addr                     string
+	connect, firstByte, idle time.Duration
+}
+
+// idleConn bounds the silence between reads. fasthttp sets the first-byte
+// deadline (HostClient.ReadTimeout) before it reads a response; once bytes
+// flow, each successful read pushes the deadline idle into the future, so a
+// long stream is bounded by its gaps, not its total length.
+type idleConn struct {
+	net.Conn
+	idle time.Duration
+}
+
+func (c *idleConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && c.idle > 0 {
+		_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
+	}
+	return n, err
+}

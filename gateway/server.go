@@ -1,0 +1,343 @@
+// Package gateway is llmgw's data plane and management plane: an
+// OpenAI-compatible full proxy on fasthttp that routes each completion to an
+// endpoint of the rule serving its model, a management API that admits rules
+// strictly and persists them atomically, active health probes, circuit
+// breaking and Prometheus metrics.
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/gateway/store"
+)
+
+// Config configures a Server. The zero value of every optional field takes
+// the documented default.
+type Config struct {
+	// Listen is the shared data-plane address, e.g. "127.0.0.1:8080"; port 0
+	// picks a free port (see Server.Addr).
+	Listen string
+	// Admin is the management API address. Default "127.0.0.1:8081". A
+	// non-loopback address requires AdminToken.
+	Admin string
+	// AdminToken, when set, is required as "Authorization: Bearer <token>"
+	// on every mutating admin call.
+	AdminToken string
+	// StateDir holds the persisted rules. Required.
+	StateDir string
+	// MaxBodyBytes bounds request bodies; default 8 MiB. Larger bodies get 413.
+	MaxBodyBytes int
+	// TLSCert and TLSKey, when both set, serve the data plane over TLS.
+	TLSCert, TLSKey string
+	// LogPayloads logs prompt and completion bodies at debug level. Off by
+	// default: payloads may carry personal data.
+	LogPayloads bool
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is a running gateway. Create it with New, start it with Start, and
+// stop it with Close. Its methods are safe for concurrent use.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	store   *store.Store
+	metrics *metrics
+
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// mu serialises rule changes; the data plane reads table lock-free.
+	mu        sync.Mutex
+	rules     map[string]*ruleRuntime
+	listeners map[string]*dataListener // by rule.ListenKey; "" = shared
+	table     atomic.Pointer[routeTable]
+
+	clientsMu sync.Mutex
+	clients   map[clientKey]*fasthttp.HostClient
+
+	decisions *decisionLog
+
+	adminSrv *http.Server
+	adminLn  net.Listener
+	wg       sync.WaitGroup
+	closed   atomic.Bool
+}
+
+// routeTable is an immutable snapshot of which rule serves which model on
+// which listener.
+type routeTable struct {
+	byListen map[string]*listenRoutes
+}
+
+type listenRoutes struct {
+	byModel map[string]*ruleRuntime
+	def     *ruleRuntime // model_name ""; nil when absent
+	models  []string     // served model names, sorted (for /v1/models)
+}
+
+// dataListener is one fasthttp server on one address.
+type dataListener struct {
+	key string
+	ln  net.Listener
+	srv *fasthttp.Server
+}
+
+// New validates cfg and opens the state directory. It starts nothing.
+func New(cfg Config) (*Server, error) {
+	if cfg.StateDir == "" {
+		return nil, errors.New("gateway: a state directory is required (--state-dir)")
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:8080"
+	}
+	if cfg.Admin == "" {
+		cfg.Admin = "127.0.0.1:8081"
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 8 << 20
+	}
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return nil, errors.New("gateway: TLS needs both a certificate and a key (--tls-cert and --tls-key)")
+	}
+	if cfg.AdminToken == "" && !isLoopbackAddr(cfg.Admin) {
+		return nil, fmt.Errorf("gateway: refusing to serve the admin API on non-loopback address %s without a token; set --admin-token-file or bind it to 127.0.0.1", cfg.Admin)
+	}
+	st, err := store.Open(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: state directory: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		cfg:       cfg,
+		log:       log,
+		store:     st,
+		rules:     map[string]*ruleRuntime{},
+		listeners: map[string]*dataListener{},
+		clients:   map[clientKey]*fasthttp.HostClient{},
+		decisions: newDecisionLog(1024),
+	}
+	s.metrics = newMetrics(s)
+	s.table.Store(&routeTable{byListen: map[string]*listenRoutes{}})
+	return s, nil
+}
+
+// isLoopbackAddr reports whether a host:port names only loopback interfaces.
+func isLoopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Start binds the shared data-plane listener and the admin listener, loads
+// the persisted rules (binding their dedicated listeners), and starts
+// serving. It returns once everything listens; serving goes on until Close
+// or until ctx ends.
+func (s *Server) Start(ctx context.Context) error {
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	if _, err := s.ensureListener(""); err != nil {
+		s.cancel()
+		return err
+	}
+	saved, err := s.store.Load()
+	if err != nil {
+		s.Close()
+		return fmt.Errorf("gateway: loading persisted rules: %w", err)
+	}
+	s.mu.Lock()
+	for _, r := range saved {
+		if err := s.installLocked(r); err != nil {
+			s.mu.Unlock()
+			s.Close()
+			return fmt.Errorf("gateway: persisted rule %q: %w", r.Name, err)
+		}
+	}
+	s.publishLocked()
+	s.mu.Unlock()
+	if err := s.startAdmin(); err != nil {
+		s.Close()
+		return err
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		<-s.ctx.Done()
+		s.shutdown()
+	}()
+	s.log.Info("gateway started", "listen", s.Addr(), "admin", s.AdminAddr(), "rules", len(saved))
+	return nil
+}
+
+// Addr is the shared data-plane listener's address.
+func (s *Server) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.listeners[""]; l != nil {
+		return l.ln.Addr().String()
+	}
+	return ""
+}
+
+// RuleAddr is the address serving rule name: its dedicated listener, or the
+// shared one. "" when the rule does not exist.
+func (s *Server) RuleAddr(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rt := s.rules[name]
+	if rt == nil {
+		return ""
+	}
+	if l := s.listeners[rt.listenKey]; l != nil {
+		return l.ln.Addr().String()
+	}
+	return ""
+}
+
+// AdminAddr is the management API's address.
+func (s *Server) AdminAddr() string {
+	if s.adminLn == nil {
+		return ""
+	}
+	return s.adminLn.Addr().String()
+}
+
+// Close stops every listener and background goroutine. In-flight requests
+// are given up to 5 s to finish. It is idempotent.
+func (s *Server) Close() error {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.wg.Wait()
+	s.shutdown()
+	return nil
+}
+
+func (s *Server) shutdown() {
+	if !s.closed.CompareAndSwap(false, true) {
+		return
+	}
+	if s.adminSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = s.adminSrv.Shutdown(ctx)
+		cancel()
+	}
+	s.mu.Lock()
+	lns := make([]*dataListener, 0, len(s.listeners))
+	for _, l := range s.listeners {
+		lns = append(lns, l)
+	}
+	rts := make([]*ruleRuntime, 0, len(s.rules))
+	for _, rt := range s.rules {
+		rts = append(rts, rt)
+	}
+	s.mu.Unlock()
+	for _, l := range lns {
+		_ = l.srv.ShutdownWithContext(timeoutCtx(5 * time.Second))
+	}
+	for _, rt := range rts {
+		rt.stop()
+	}
+	s.clientsMu.Lock()
+	for _, hc := range s.clients {
+		hc.CloseIdleConnections()
+	}
+	s.clientsMu.Unlock()
+}
+
+func timeoutCtx(d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	time.AfterFunc(d, cancel)
+	return ctx
+}
+
+// ensureListener returns the listener for key, binding it when missing.
+// Callers hold s.mu, except Start before anything else runs.
+func (s *Server) ensureListener(key string) (*dataListener, error) {
+	if l := s.listeners[key]; l != nil {
+		return l, nil
+	}
+	addr := key
+	if key == "" {
+		addr = s.cfg.Listen
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: listen %s: %w", addr, err)
+	}
+	if s.cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("gateway: TLS key pair: %w", err)
+		}
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	}
+	l := &dataListener{key: key, ln: ln}
+	l.srv = s.newDataServer(key)
+	s.listeners[key] = l
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := l.srv.Serve(ln); err != nil && !s.closed.Load() {
+			s.log.Error("data listener stopped", "addr", addr, "err", err)
+		}
+	}()
+	return l, nil
+}
+
+// publishLocked rebuilds the routing table from s.rules. Caller holds s.mu.
+func (s *Server) publishLocked() {
+	t := &routeTable{byListen: map[string]*listenRoutes{}}
+	for _, rt := range s.rules {
+		lr := t.byListen[rt.listenKey]
+		if lr == nil {
+			lr = &listenRoutes{byModel: map[string]*ruleRuntime{}}
+			t.byListen[rt.listenKey] = lr
+		}
+		if rt.rule.ModelName == "" {
+			lr.def = rt
+		} else {
+			lr.byModel[rt.rule.ModelName] = rt
+			lr.models = append(lr.models, rt.rule.ModelName)
+		}
+	}
+	for _, lr := range t.byListen {
+		sort.Strings(lr.models)
+	}
+	s.table.Store(t)
+	// Dedicated listeners no rule uses any more are closed.
+	for key, l := range s.listeners {
+		if key == "" {
+			continue
+		}
+		if _, used := t.byListen[key]; !used {
+			delete(s.listeners, key)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				_ = l.srv.ShutdownWithContext(timeoutCtx(30 * time.Second))
+			}()
+		}
+	}
+}
