@@ -45,27 +45,44 @@ type Request struct {
 }
 
 // Parse parses body as a request of kind k into out, hashing at most
-// prefixBytes of its content into the affinity key. p is reused between
-// calls (from a fastjson.ParserPool); Parse does not allocate once p has
-// warmed up.
+// prefixBytes of its content into the affinity key. It is Decode followed by
+// Extract, for callers that know prefixBytes before seeing the model.
 func Parse(p *fastjson.Parser, body []byte, k Kind, prefixBytes int, out *Request) error {
-	*out = Request{Kind: k}
+	v, model, err := Decode(p, body)
+	if err != nil {
+		*out = Request{Kind: k}
+		return err
+	}
+	return Extract(v, model, k, prefixBytes, out)
+}
+
+// Decode parses body and returns its root object and its "model". The
+// gateway calls it first, to find the rule (and so prefixBytes) by model,
+// then Extract. p is reused between calls (from a pool); Decode does not
+// allocate once p has warmed up. The returned value and slice live in p.
+func Decode(p *fastjson.Parser, body []byte) (*fastjson.Value, []byte, error) {
 	v, err := p.ParseBytes(body)
 	if err != nil {
-		return fmt.Errorf("%w: body is not valid JSON: %v", ErrInvalid, err)
+		return nil, nil, fmt.Errorf("%w: body is not valid JSON: %v", ErrInvalid, err)
 	}
 	if v.Type() != fastjson.TypeObject {
-		return fmt.Errorf("%w: body must be a JSON object, not %s", ErrInvalid, v.Type())
+		return nil, nil, fmt.Errorf("%w: body must be a JSON object, not %s", ErrInvalid, v.Type())
 	}
 	mv := v.Get("model")
 	if mv == nil {
-		return fmt.Errorf("%w: missing required field \"model\"", ErrInvalid)
+		return nil, nil, fmt.Errorf("%w: missing required field \"model\"", ErrInvalid)
 	}
 	if mv.Type() != fastjson.TypeString {
-		return fmt.Errorf("%w: field \"model\" must be a string, not %s", ErrInvalid, mv.Type())
+		return nil, nil, fmt.Errorf("%w: field \"model\" must be a string, not %s", ErrInvalid, mv.Type())
 	}
-	out.Model, _ = mv.StringBytes()
+	model, _ := mv.StringBytes()
+	return v, model, nil
+}
 
+// Extract validates the fields of v (a root object from Decode) that the
+// gateway reads, and fills out.
+func Extract(v *fastjson.Value, model []byte, k Kind, prefixBytes int, out *Request) error {
+	*out = Request{Kind: k, Model: model}
 	if sv := v.Get("stream"); sv != nil && sv.Type() != fastjson.TypeNull {
 		b, err := sv.Bool()
 		if err != nil {
