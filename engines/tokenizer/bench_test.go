@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// benchProse is English prose written for this benchmark (about 4 KB):
+// benchProse is English prose written for this benchmark (about 3 KB):
 // ordinary sentences with punctuation, numbers and paragraph breaks.
 const benchProse = `The gateway sits in front of a small fleet of inference engines and decides, for every request, which one should do the work. Most of the time the answer is easy: pick the least busy engine and move on. The interesting cases are the long conversations, where the same system prompt and the same first turns arrive again and again, and the engine that served them last time still holds their attention keys and values in memory.
 

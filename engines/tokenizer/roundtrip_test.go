@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -157,4 +158,31 @@ func FuzzParseHF(f *testing.F) {
 			tok.Decode(tok.Encode(nil, "abc <x> 12"))
 		}
 	})
+}
+
+// TestScannerMatchesRegexp2Random compares the scanner with regexp2 on
+// pseudo-random strings over the characters where the pattern is subtle:
+// whitespace kinds (NBSP, U+2028, NEL, \v, \f), CR/LF, apostrophes and
+// contraction letters (with the long s), digits, punctuation, combining
+// marks and non-Latin letters. The seed is fixed, so a failure reproduces.
+func TestScannerMatchesRegexp2Random(t *testing.T) {
+	rs, err := newRegexSplitter(qwenPattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alpha := []rune{'a', 'B', ' ', ' ', '\n', '\r', '\t', '\'', 's', 'L', 'e', '1', '.', '!', '\u00a0', 'é', '中', '\u2028', '\u0301', '🙂', '\v', '\f', 0x85, 0x17F}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for iter := 0; iter < 20000; iter++ {
+		r := make([]rune, rng.IntN(40))
+		for i := range r {
+			r[i] = alpha[rng.IntN(len(alpha))]
+		}
+		s := string(r)
+		var a, b []string
+		qwenScanner{}.split(s, func(p string) { a = append(a, p) })
+		rs.split(s, func(p string) { b = append(b, p) })
+		if !slices.Equal(a, b) {
+			t.Fatalf("split(%q)\nscanner %q\nregexp2 %q", s, a, b)
+		}
+	}
 }
