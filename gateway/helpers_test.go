@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv("LLMGW_TEST_CHILD_GATEWAY"); dir != "" {
+		runChildGateway(dir)
+		return
+	}
 	goleak.VerifyTestMain(m,
 		// fasthttp's own housekeeping goroutines: each sleeps for its period
 		// and then exits once its pool is closed or empty. They are not ours
@@ -133,7 +138,10 @@ func startGateway(t *testing.T, dir string, mod func(*Config)) *Server {
 // ruleYAML builds a rule over backends; extra is YAML merged at the top.
 func ruleYAML(name, model string, extra string, bs ...*backend) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "name: %s\nmodel_name: %q\nprobe: {interval: 50ms, timeout: 40ms, failures: 2, successes: 1}\n", name, model)
+	fmt.Fprintf(&sb, "name: %s\nmodel_name: %q\n", name, model)
+	if !strings.Contains(extra, "probe:") {
+		sb.WriteString("probe: {interval: 50ms, timeout: 40ms, failures: 2, successes: 1}\n")
+	}
 	sb.WriteString(extra)
 	if extra != "" && !strings.HasSuffix(extra, "\n") {
 		sb.WriteString("\n")
@@ -201,3 +209,40 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 const chatBody = `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`
+
+// metricValue sums the samples of family name whose label values include
+// all of want (in any label).
+func (s *Server) metricValue(t *testing.T, name string, want ...string) float64 {
+	t.Helper()
+	mfs, err := s.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			vals := map[string]bool{}
+			for _, lp := range m.GetLabel() {
+				vals[lp.GetValue()] = true
+			}
+			for _, w := range want {
+				if !vals[w] {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
