@@ -79,3 +79,14 @@ func BenchmarkRenderQwen3(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEncodeLongPiece encodes a 64 KB run of letters, one pre-token:
+// the hostile case for BPE, linear-logarithmic with the heap merge.
+func BenchmarkEncodeLongPiece(b *testing.B) {
+	tok := qwen3(b)
+	s := strings.Repeat("abcdefghij", 6554)
+	b.SetBytes(int64(len(s)))
+	for b.Loop() {
+		_ = tok.Encode(nil, s)
+	}
+}

@@ -21,26 +21,39 @@ func (m *bpe) rankOf(a, b uint32) (rank, merged uint32) {
 	return uint32(v >> 32), uint32(v)
 }
 
+// heapThreshold is the piece length from which encode switches from the
+// quadratic array scan (fastest for words) to the heap-based merge, whose
+// cost is O(n log n): a long run of letters or spaces in a hostile prompt
+// must not cost seconds.
+const heapThreshold = 48
+
 // encode appends the ids of one pre-token to dst. It applies merges lowest
 // rank first, leftmost first among equal ranks, as the Hugging Face BPE
-// model does. The cost is quadratic in the piece length only in cheap
-// array scans; each merge does at most two map look-ups.
+// model does.
 func (m *bpe) encode(dst []uint32, piece string) []uint32 {
-	n := len(piece)
-	switch n {
-	case 0:
+	switch n := len(piece); {
+	case n == 0:
 		return dst
-	case 1:
+	case n == 1:
 		return append(dst, m.byteID[piece[0]])
+	case n < heapThreshold:
+		return m.encodeScan(dst, piece)
+	default:
+		return m.encodeHeap(dst, piece)
 	}
-	var idBuf, rankBuf, mergedBuf [48]uint32
+}
+
+// encodeScan keeps the pairs' ranks in an array and scans it for the
+// minimum before each merge; each merge does at most two map look-ups.
+func (m *bpe) encodeScan(dst []uint32, piece string) []uint32 {
+	var idBuf, rankBuf, mergedBuf [heapThreshold]uint32
 	ids, ranks, merged := idBuf[:0], rankBuf[:0], mergedBuf[:0]
-	if n > len(idBuf) {
-		ids = make([]uint32, 0, n)
-		ranks = make([]uint32, 0, n)
-		merged = make([]uint32, 0, n)
+	if len(piece) > len(idBuf) {
+		ids = make([]uint32, 0, len(piece))
+		ranks = make([]uint32, 0, len(piece))
+		merged = make([]uint32, 0, len(piece))
 	}
-	for i := 0; i < n; i++ {
+	for i := 0; i < len(piece); i++ {
 		ids = append(ids, m.byteID[piece[i]])
 	}
 	// ranks[k] and merged[k] describe the pair (ids[k], ids[k+1]).
@@ -72,4 +85,100 @@ func (m *bpe) encode(dst []uint32, piece string) []uint32 {
 		}
 	}
 	return append(dst, ids...)
+}
+
+// encodeHeap merges with a min-heap of (rank, position) over a linked list
+// of symbols. A heap entry is stale when its left symbol is gone or the
+// pair starting there has changed; stale entries are skipped when popped.
+// Positions are the original byte offsets of the left symbols, so equal
+// ranks pop leftmost first, as in the array scan.
+func (m *bpe) encodeHeap(dst []uint32, piece string) []uint32 {
+	n := len(piece)
+	ids := make([]uint32, n)
+	next := make([]int32, n) // -1: last symbol
+	prev := make([]int32, n) // -1: first symbol
+	alive := make([]bool, n)
+	pairRank := make([]uint32, n) // rank of the pair (k, next[k])
+	pairMerged := make([]uint32, n)
+	h := make(mergeHeap, 0, n)
+	for i := 0; i < n; i++ {
+		ids[i], next[i], prev[i], alive[i] = m.byteID[piece[i]], int32(i+1), int32(i-1), true
+	}
+	next[n-1] = -1
+	setPair := func(k int32) {
+		if k < 0 || next[k] < 0 {
+			if k >= 0 {
+				pairRank[k] = noRank
+			}
+			return
+		}
+		r, id := m.rankOf(ids[k], ids[next[k]])
+		pairRank[k], pairMerged[k] = r, id
+		if r != noRank {
+			h.push(uint64(r)<<32 | uint64(k))
+		}
+	}
+	for k := int32(0); k < int32(n); k++ {
+		setPair(k)
+	}
+	for len(h) > 0 {
+		e := h.pop()
+		k, r := int32(uint32(e)), uint32(e>>32)
+		if !alive[k] || pairRank[k] != r {
+			continue
+		}
+		right := next[k]
+		ids[k] = pairMerged[k]
+		alive[right] = false
+		next[k] = next[right]
+		if next[k] >= 0 {
+			prev[next[k]] = k
+		}
+		setPair(k)
+		setPair(prev[k])
+	}
+	for k := int32(0); k >= 0; k = next[k] {
+		dst = append(dst, ids[k])
+	}
+	return dst
+}
+
+// mergeHeap is a binary min-heap of rank<<32|position keys.
+type mergeHeap []uint64
+
+func (h *mergeHeap) push(v uint64) {
+	*h = append(*h, v)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		p := (i - 1) / 2
+		if s[p] <= s[i] {
+			break
+		}
+		s[p], s[i] = s[i], s[p]
+		i = p
+	}
+}
+
+func (h *mergeHeap) pop() uint64 {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	s = s[:last]
+	for i := 0; ; {
+		l, small := 2*i+1, i
+		if l < len(s) && s[l] < s[small] {
+			small = l
+		}
+		if r := l + 1; r < len(s) && s[r] < s[small] {
+			small = r
+		}
+		if small == i {
+			break
+		}
+		s[i], s[small] = s[small], s[i]
+		i = small
+	}
+	*h = s
+	return top
 }

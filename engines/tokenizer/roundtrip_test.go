@@ -186,3 +186,37 @@ func TestScannerMatchesRegexp2Random(t *testing.T) {
 		}
 	}
 }
+
+// TestBPEHeapMatchesScan checks the heap-based merge used for long pieces
+// against the array scan on the Qwen3 merges, for pieces of every length
+// class: repetitive runs (many equal-rank pairs), words and whitespace.
+func TestBPEHeapMatchesScan(t *testing.T) {
+	m := &qwen3(t).model
+	rng := rand.New(rand.NewPCG(3, 4))
+	cases := []struct {
+		name  string
+		alpha string
+	}{
+		{"letters", "abcdefghijklmnopqrstuvwxyz"},
+		{"repetitive", "ab"},
+		{"single letter", "a"},
+		{"spaces", " "},
+		{"mixed bytes", "ab \n\t.é中\xff"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for iter := 0; iter < 200; iter++ {
+				b := make([]byte, 2+rng.IntN(300))
+				for i := range b {
+					b[i] = tc.alpha[rng.IntN(len(tc.alpha))]
+				}
+				piece := string(b)
+				scan := m.encodeScan(nil, piece)
+				heap := m.encodeHeap(nil, piece)
+				if !slices.Equal(scan, heap) {
+					t.Fatalf("piece %q\nscan %v\nheap %v", piece, scan, heap)
+				}
+			}
+		})
+	}
+}
