@@ -17,8 +17,10 @@ type batchPublisher interface {
 	// Publish sends payload with the next sequence number and returns it.
 	Publish(payload []byte) (uint64, error)
 	// SkipSeq consumes n sequence numbers without sending anything
-	// (dropped-events and sequence-gap faults).
-	SkipSeq(n uint64)
+	// (dropped-events and sequence-gap faults); it fails when the transport
+	// cannot do that, and CanSkip reports whether it can.
+	SkipSeq(n uint64) error
+	CanSkip() bool
 	// Addr and ReplayAddr are the bound endpoints ("" when not bound here).
 	Addr() string
 	ReplayAddr() string
@@ -35,7 +37,8 @@ type eventHub struct {
 
 	mu       sync.Mutex
 	pub      batchPublisher
-	endpoint string // where a restarted publisher binds
+	endpoint string // where a restarted publisher binds or connects
+	bound    bool   // the PUB socket binds endpoint
 	replay   string
 	buf      []byte
 }
@@ -57,19 +60,33 @@ func newEventHub(ctx context.Context, cfg Config, faults *faultState) (*eventHub
 	if replayable(cfg.KVEvents) {
 		h.replay = replayEndpointFor(cfg.KVEvents)
 	}
-	pub, err := newBatchPublisher(ctx, h.endpoint, h.replay, eventTopic, cfg.Engine == engines.VLLM)
+	pub, err := newBatchPublisher(ctx, h.endpoint, h.replay, eventTopic, h.replayWithTopic(), false)
 	if err != nil {
 		return nil, fmt.Errorf("sim: kv events %s: %w", cfg.KVEvents, err)
 	}
 	h.pub = pub
-	// Restarts rebind the ports the kernel chose.
-	if a := pub.Addr(); a != "" {
-		h.endpoint = a
+	// Restarts rebind the ports the kernel chose (a connecting PUB keeps
+	// its endpoint and reconnects).
+	if a := pub.Addr(); a != "" && (kernelChosenPort(cfg.KVEvents) || kvevents.ShouldBind(cfg.KVEvents)) {
+		h.endpoint, h.bound = a, true
 	}
 	if a := pub.ReplayAddr(); a != "" {
 		h.replay = a
 	}
 	return h, nil
+}
+
+// replayWithTopic: vLLM's map encoding era (≥ 0.26 for replay) puts a topic
+// frame in replay replies; older vLLM (array events) and SGLang do not.
+func (h *eventHub) replayWithTopic() bool {
+	return h.cfg.Engine == engines.VLLM && h.enc == kvevents.Map
+}
+
+// canSkip reports whether dropped-event and gap faults can be honoured.
+func (h *eventHub) canSkip() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.pub.CanSkip()
 }
 
 // replayable reports whether a replay socket can be placed next to
@@ -136,11 +153,13 @@ func (h *eventHub) publish(evs []simEvent) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	drop, gap := h.faults.takeEventFaults()
+	// Faults were refused at POST time when the transport cannot skip, so
+	// SkipSeq errors cannot occur here.
 	if gap > 0 {
-		h.pub.SkipSeq(uint64(gap))
+		_ = h.pub.SkipSeq(uint64(gap))
 	}
 	if drop {
-		h.pub.SkipSeq(1)
+		_ = h.pub.SkipSeq(1)
 		return
 	}
 	var err error
@@ -163,7 +182,7 @@ func (h *eventHub) restart(ctx context.Context) error {
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		var pub batchPublisher
-		pub, err = newBatchPublisher(ctx, h.endpoint, h.replay, eventTopic, h.cfg.Engine == engines.VLLM)
+		pub, err = newBatchPublisher(ctx, h.endpoint, h.replay, eventTopic, h.replayWithTopic(), h.bound)
 		if err == nil {
 			h.pub = pub
 			return nil

@@ -248,8 +248,14 @@ func TestSGLangBootstrap(t *testing.T) {
 			var wg sync.WaitGroup
 			var pre, dec httpResult
 			wg.Add(2)
-			go func() { defer wg.Done(); pre = do(t, c, "POST", "http://"+p.Addrs().HTTP+"/v1/chat/completions", body(tc.prefillRoom)) }()
-			go func() { defer wg.Done(); dec = do(t, c, "POST", "http://"+d.Addrs().HTTP+"/v1/chat/completions", body(tc.decRoom)) }()
+			go func() {
+				defer wg.Done()
+				pre = do(t, c, "POST", "http://"+p.Addrs().HTTP+"/v1/chat/completions", body(tc.prefillRoom))
+			}()
+			go func() {
+				defer wg.Done()
+				dec = do(t, c, "POST", "http://"+d.Addrs().HTTP+"/v1/chat/completions", body(tc.decRoom))
+			}()
 			wg.Wait()
 			if pre.status != tc.wantStatus || dec.status != tc.wantStatus {
 				t.Fatalf("statuses: prefill %d (%s), decode %d (%s); want both %d", pre.status, pre.body, dec.status, dec.body, tc.wantStatus)
