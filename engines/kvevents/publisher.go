@@ -187,13 +187,46 @@ func (p *Publisher) Publish(payload []byte) (uint64, error) {
 		return 0, fmt.Errorf("kvevents: publish seq %d: %w", seq, err)
 	}
 	p.next++
-	if len(p.buf) < p.cfg.BufferSteps {
-		p.buf = append(p.buf, buffered{seq, own})
-	} else {
-		p.buf[p.head] = buffered{seq, own}
-		p.head = (p.head + 1) % len(p.buf)
-	}
+	p.keep(seq, own)
 	return seq, nil
+}
+
+// SkipSeq consumes n sequence numbers without sending or buffering anything:
+// subscribers see a gap that replay cannot fill, as after batches lost
+// inside an engine. Simulators use it for fault injection. After Close it
+// does nothing.
+func (p *Publisher) SkipSeq(n uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed {
+		p.next += n
+	}
+}
+
+// PublishDropped assigns payload the next sequence number and keeps it for
+// replay without sending it, as when an engine's PUB socket drops a batch at
+// its high-water mark: subscribers see a gap that replay can fill. It exists
+// for fault injection.
+func (p *Publisher) PublishDropped(payload []byte) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, ErrClosed
+	}
+	seq := p.next
+	p.next++
+	p.keep(seq, append([]byte(nil), payload...))
+	return seq, nil
+}
+
+// keep adds a batch to the replay ring. The caller holds p.mu.
+func (p *Publisher) keep(seq uint64, payload []byte) {
+	if len(p.buf) < p.cfg.BufferSteps {
+		p.buf = append(p.buf, buffered{seq, payload})
+		return
+	}
+	p.buf[p.head] = buffered{seq, payload}
+	p.head = (p.head + 1) % len(p.buf)
 }
 
 // since returns the buffered batches with seq >= start, oldest first.

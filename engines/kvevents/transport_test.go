@@ -771,3 +771,46 @@ func TestSubscriberRepairsLiveGap(t *testing.T) {
 		t.Errorf("state: got %+v, want no gaps, 1 repair, last seq 5", st)
 	}
 }
+
+// TestFaultInjection covers PublishDropped (a gap replay can fill) and
+// SkipSeq (a gap it cannot), as simulators use them.
+func TestFaultInjection(t *testing.T) {
+	p := startPublisher(t, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:0"})
+	rs := startSubscriber(t, SubscriberConfig{Endpoint: endpointOf(p.Addr()), ReplayEndpoint: endpointOf(p.ReplayAddr())})
+	waitLive(t, p, rs)
+	// Probes lost before the subscription was live may be repaired later;
+	// count from here.
+	before := rs.sub.State()
+
+	a, errA := p.Publish([]byte("a"))
+	b, errB := p.PublishDropped([]byte("b"))
+	c, errC := p.Publish([]byte("c"))
+	p.SkipSeq(2)
+	d, errD := p.Publish([]byte("d"))
+	if err := errors.Join(errA, errB, errC, errD); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if b != a+1 || c != a+2 || d != a+5 {
+		t.Fatalf("seqs: got a=%d b=%d c=%d d=%d, want consecutive a..c and d = a+5", a, b, c, d)
+	}
+	want := []struct {
+		seq      uint64
+		payload  string
+		replayed bool
+	}{{a, "a", false}, {b, "b", true}, {c, "c", false}, {d, "d", false}}
+	for _, w := range want {
+		m := rs.next(t)
+		if m.Seq != w.seq || string(m.Payload) != w.payload || m.Replayed != w.replayed {
+			t.Fatalf("got seq %d %q replayed=%v, want seq %d %q replayed=%v", m.Seq, m.Payload, m.Replayed, w.seq, w.payload, w.replayed)
+		}
+	}
+	st := rs.sub.State()
+	if st.GapsRepaired-before.GapsRepaired != 1 || st.Gaps-before.Gaps != 1 {
+		t.Errorf("state: got %+v (before %+v), want one repaired gap and one unrepaired", st, before)
+	}
+	p.Close()
+	p.SkipSeq(1) // no effect after Close, and no panic
+	if _, err := p.PublishDropped(nil); !errors.Is(err, ErrClosed) {
+		t.Errorf("PublishDropped after Close: got %v, want ErrClosed", err)
+	}
+}
