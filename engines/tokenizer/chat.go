@@ -36,17 +36,28 @@ func NewJinjaRenderer(template string, specialTokens map[string]string) (*JinjaR
 
 // Render implements Renderer.
 func (r *JinjaRenderer) Render(msgs []Message, addGenerationPrompt bool) (string, error) {
+	return r.RenderWith(msgs, addGenerationPrompt, nil)
+}
+
+// RenderWith is Render with extra template variables: a request's
+// chat_template_kwargs (e.g. "enable_thinking": false for Qwen3), which
+// engines pass to the template too and which change the prompt. Extra
+// variables override the defaults; nil means none. extra is not retained.
+func (r *JinjaRenderer) RenderWith(msgs []Message, addGenerationPrompt bool, extra map[string]any) (string, error) {
 	list := make([]any, len(msgs))
 	for i, m := range msgs {
 		list[i] = map[string]any{"role": m.Role, "content": m.Content}
 	}
-	data := make(map[string]any, len(r.vars)+3)
+	data := make(map[string]any, len(r.vars)+len(extra)+3)
 	for k, v := range r.vars {
 		data[k] = v
 	}
 	data["messages"] = list
 	data["add_generation_prompt"] = addGenerationPrompt
 	data["tools"] = nil
+	for k, v := range extra {
+		data[k] = v
+	}
 	out, err := r.tpl.Render(data)
 	if err != nil {
 		return "", fmt.Errorf("tokenizer: render chat template: %w", err)
@@ -54,9 +65,10 @@ func (r *JinjaRenderer) Render(msgs []Message, addGenerationPrompt bool) (string
 	return out, nil
 }
 
-// ChatRenderer returns the renderer of tokenizer_config.json's chat_template.
-// The template is compiled on first use and the result (or error) kept. It
-// returns an error wrapping ErrNoChatTemplate when the config has none.
+// ChatRenderer returns the renderer of tokenizer_config.json's chat_template
+// (a *JinjaRenderer, for callers that need RenderWith). The template is
+// compiled on first use and the result (or error) kept. It returns an error
+// wrapping ErrNoChatTemplate when the config has none.
 func (t *HF) ChatRenderer() (Renderer, error) {
 	t.renderOnce.Do(func() {
 		if t.chatTemplate == "" {

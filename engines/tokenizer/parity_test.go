@@ -194,6 +194,17 @@ func TestQwen3ChatTemplate(t *testing.T) {
 			}
 		})
 	}
+	t.Run("enable_thinking false via RenderWith", func(t *testing.T) {
+		jr, ok := r.(*JinjaRenderer)
+		if !ok {
+			t.Fatalf("ChatRenderer() is %T, want *JinjaRenderer", r)
+		}
+		got, err := jr.RenderWith([]Message{{"user", "Hi"}}, true, map[string]any{"enable_thinking": false})
+		want := "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+		if err != nil || got != want {
+			t.Errorf("RenderWith = %q, %v; want %q", got, err, want)
+		}
+	})
 	t.Run("renderer is cached", func(t *testing.T) {
 		r2, err := tok.ChatRenderer()
 		if err != nil || r2 != r {

@@ -1,11 +1,13 @@
 package tokenizer
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -218,5 +220,46 @@ func TestBPEHeapMatchesScan(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestConcurrentUse encodes, decodes and renders from several goroutines at
+// once; run with -race it checks the concurrency-safety contract.
+func TestConcurrentUse(t *testing.T) {
+	tok := qwen3(t)
+	r, err := tok.ChatRenderer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "It's 2+2?"}}
+	wantText, err := r.Render(msgs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantIDs := tok.Encode(nil, wantText)
+	const workers = 4
+	errs := make(chan string, workers)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				text, err := r.Render(msgs, true)
+				if err != nil || text != wantText {
+					errs <- fmt.Sprintf("Render = %q, %v", text, err)
+					return
+				}
+				if ids := tok.Encode(nil, text); !slices.Equal(ids, wantIDs) || tok.Decode(ids) != text {
+					errs <- fmt.Sprintf("Encode = %v, want %v", ids, wantIDs)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }
