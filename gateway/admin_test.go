@@ -290,4 +290,3 @@ func runChildGateway(dir string) {
 	fmt.Printf("{\"Data\":%q,\"Admin\":%q}\n", s.Addr(), s.AdminAddr())
 	select {} // until killed
 }
-

@@ -246,3 +246,12 @@ func (s *Server) metricValue(t *testing.T, name string, want ...string) float64 
 	}
 	return sum
 }
+
+func mustDecode(tb testing.TB, y string) *rule.Rule {
+	tb.Helper()
+	r, err := rule.Decode([]byte(y))
+	if err != nil {
+		tb.Fatalf("decode rule: %v\n%s", err, y)
+	}
+	return r
+}
