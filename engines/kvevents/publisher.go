@@ -110,7 +110,8 @@ type buffered struct {
 }
 
 // NewPublisher opens the PUB socket (and the ROUTER replay socket when
-// cfg.ReplayEndpoint is set). The sockets live until Close or until ctx ends.
+// cfg.ReplayEndpoint is set). When ctx ends the sockets stop working and
+// Publish fails; Close must still be called to release the ports.
 func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) {
 	if cfg.Endpoint == "" {
 		return nil, errors.New("kvevents: publisher endpoint is empty")

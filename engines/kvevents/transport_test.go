@@ -814,3 +814,53 @@ func TestFaultInjection(t *testing.T) {
 		t.Errorf("PublishDropped after Close: got %v, want ErrClosed", err)
 	}
 }
+
+// TestPublisherConnects checks the connect side of the engines' rule: a
+// "tcp://host:port" endpoint is dialled, here to a SUB socket that listens.
+func TestPublisherConnects(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	if err := sub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatalf("listen SUB: %v", err)
+	}
+	p, err := NewPublisher(ctx, PublisherConfig{Endpoint: endpointOf(sub.Addr()), Topic: "x"})
+	if err != nil {
+		t.Fatalf("NewPublisher: %v", err)
+	}
+	defer p.Close()
+	if p.Addr() != nil {
+		t.Errorf("Addr of a connecting publisher: got %v, want nil", p.Addr())
+	}
+	got := make(chan zmq4.Msg, 1)
+	recvDone := make(chan struct{})
+	go func() {
+		defer close(recvDone)
+		msg, err := sub.Recv()
+		if err == nil {
+			got <- msg
+		}
+	}()
+	defer func() { cancel(); sub.Close(); <-recvDone }()
+	deadline := time.Now().Add(waitFor)
+	for {
+		if _, err := p.Publish([]byte("hello")); err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		select {
+		case msg := <-got:
+			if len(msg.Frames) != 3 || string(msg.Frames[0]) != "x" || len(msg.Frames[1]) != 8 || string(msg.Frames[2]) != "hello" {
+				t.Errorf("got frames %q, want [x, <8-byte seq>, hello]", msg.Frames)
+			}
+			return
+		case <-time.After(tick):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the listening SUB never received a batch")
+		}
+	}
+}
