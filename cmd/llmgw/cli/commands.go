@@ -7,6 +7,7 @@ func subcommands(io *IOStreams) []*cobra.Command {
 	return []*cobra.Command{
 		newServeCmd(io, nil),
 		newRuleCmd(io),
+		newSimCmd(io),
 		newVersionCmd(io),
 	}
 }
