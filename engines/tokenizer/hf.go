@@ -27,14 +27,19 @@ var ErrNoChatTemplate = errors.New("tokenizer: no chat template")
 // with the BOS policy and chat template of the tokenizer_config.json beside
 // it. It is immutable after LoadHF and safe for concurrent use.
 type HF struct {
-	name      string
-	model     bpe
-	nfc       bool     // normalizer: NFC, or none
-	split     splitter // nil: the whole segment is one piece
-	prefixSp  bool     // ByteLevel add_prefix_space
-	added     addedMatcher
-	idToBytes []string // raw bytes (or added-token text) of each id; "" if unused
-	idKnown   []bool
+	name     string
+	model    bpe
+	nfc      bool     // normalizer: NFC, or none
+	split    splitter // nil: the whole segment is one piece
+	prefixSp bool     // ByteLevel add_prefix_space
+	// prefixEach: the space is added to each piece of a Split that runs
+	// before ByteLevel (the library applies ByteLevel to every piece);
+	// otherwise to each segment between added tokens, before ByteLevel's
+	// own regex.
+	prefixEach bool
+	added      addedMatcher
+	idToBytes  []string // raw bytes (or added-token text) of each id; "" if unused
+	idKnown    []bool
 
 	bosID, eosID   uint32
 	bosText        string
@@ -236,6 +241,7 @@ func (t *HF) setPreTokenizer(raw json.RawMessage) error {
 			}
 			byteLevel = true
 			t.prefixSp = s.AddPrefixSpace
+			t.prefixEach = pattern != ""
 			// use_regex defaults to true in the library.
 			if s.UseRegex == nil || *s.UseRegex {
 				if pattern != "" {
@@ -426,9 +432,8 @@ func (t *HF) applyConfig(data []byte) error {
 			return fmt.Errorf("tokenizer: bos_token %q is not in the vocabulary", bos)
 		}
 		t.bosID, t.bosText, t.hasBOS = id, bos, true
-	} else {
-		t.hasBOS, t.addBOS = false, false
 	}
+	// Without a bos_token the post-processor's BOS, if any, stands.
 	if c.AddBOSToken != nil {
 		t.addBOS = *c.AddBOSToken && t.hasBOS
 	}
@@ -517,14 +522,27 @@ func (t *HF) encodeOrdinary(dst []uint32, seg string) []uint32 {
 	if t.nfc {
 		seg = norm.NFC.String(seg)
 	}
-	if t.prefixSp && seg != "" && seg[0] != ' ' {
-		seg = " " + seg
+	if t.prefixSp && !t.prefixEach {
+		seg = withPrefixSpace(seg)
 	}
 	if t.split == nil {
 		return t.model.encode(dst, seg)
 	}
+	if t.prefixSp && t.prefixEach {
+		t.split.split(seg, func(piece string) { dst = t.model.encode(dst, withPrefixSpace(piece)) })
+		return dst
+	}
 	t.split.split(seg, func(piece string) { dst = t.model.encode(dst, piece) })
 	return dst
+}
+
+// withPrefixSpace is ByteLevel's add_prefix_space: a space before text that
+// does not start with one.
+func withPrefixSpace(s string) string {
+	if s == "" || s[0] == ' ' {
+		return s
+	}
+	return " " + s
 }
 
 // Decode implements Tokenizer. Byte-level tokens are turned back into their

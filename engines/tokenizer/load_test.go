@@ -105,6 +105,10 @@ func TestLoadHFTiny(t *testing.T) {
 		{"longest added token wins", tinySpec{added: []string{"<a>", "<a>b"}}, "<a>b<a>", []uint32{1001, 1000}},
 		{"nfc normalizer composes", tinySpec{normalizer: map[string]any{"type": "NFC"}}, "e\u0301", []uint32{0xC3, 0xA9}},
 		{"no normalizer keeps decomposed", tinySpec{}, "e\u0301", []uint32{'e', 0xCC, 0x81}},
+		{"split then prefix space on each piece", tinySpec{merges: merges, preTokenizer: map[string]any{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "Split", "pattern": map[string]any{"Regex": qwenPattern}, "behavior": "Isolated"},
+			map[string]any{"type": "ByteLevel", "add_prefix_space": true, "use_regex": false},
+		}}}, "low,low", []uint32{259, ' ', ',', 257}},
 		{"gpt2 regex via ByteLevel use_regex", tinySpec{merges: merges, preTokenizer: map[string]any{"type": "ByteLevel", "add_prefix_space": true, "use_regex": true}}, "low low", []uint32{259, 259}},
 	}
 	for _, tc := range cases {
@@ -142,6 +146,7 @@ func TestBOS(t *testing.T) {
 		{"add_bos_token with object", nil, map[string]any{"add_bos_token": true, "bos_token": map[string]any{"content": "<s>"}}, 1000, true},
 		{"bos set but not added", nil, map[string]any{"add_bos_token": false, "bos_token": "<s>"}, 1000, false},
 		{"post-processor adds bos", llama3Post, map[string]any{"bos_token": "<s>"}, 1000, true},
+		{"post-processor bos kept without bos_token in config", llama3Post, map[string]any{"eos_token": "<s>"}, 1000, true},
 		{"config overrides post-processor", llama3Post, map[string]any{"bos_token": "<s>", "add_bos_token": false}, 1000, false},
 	}
 	for _, tc := range cases {
