@@ -43,6 +43,15 @@ func (e *AdmissionError) Error() string {
 	return "rule: " + e.Code + ": " + e.Field + ": " + e.Message
 }
 
+// Status returns the HTTP status the admin API answers with: 409 for a
+// conflict with stored state, 400 otherwise.
+func (e *AdmissionError) Status() int {
+	if e.Conflict {
+		return 409
+	}
+	return 400
+}
+
 // Is makes errors.Is(err, &AdmissionError{Code: c}) match any admission
 // error with code c.
 func (e *AdmissionError) Is(target error) bool {

@@ -264,6 +264,9 @@ func TestAdmitRules(t *testing.T) {
 			if tc.wantField != "" && ae.Field != tc.wantField {
 				t.Errorf("field: got %q, want %q", ae.Field, tc.wantField)
 			}
+			if wantStatus := map[bool]int{true: 409, false: 400}[tc.wantConflict]; ae.Status() != wantStatus {
+				t.Errorf("status: got %d, want %d", ae.Status(), wantStatus)
+			}
 			if ae.Message == "" {
 				t.Errorf("empty message")
 			}

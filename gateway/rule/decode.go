@@ -83,22 +83,9 @@ func DecodeList(data []byte) ([]*Rule, error) {
 	prefix := ""
 	var raw json.RawMessage = js
 	if first := firstByte(js); first == '{' {
-		var env map[string]json.RawMessage
-		if err := json.Unmarshal(js, &env); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrSyntax, err)
-		}
-		for k := range env {
-			if k != "rules" {
-				msg := "unknown field; a rules file is a list of rules or an object with the single key \"rules\""
-				if _, isRuleField := fieldsOf(reflect.TypeFor[Rule]())[k]; isRuleField {
-					msg += " (this looks like a single rule: wrap it in a list)"
-				}
-				return nil, &FieldError{Path: k, Message: msg}
-			}
-		}
-		r, ok := env["rules"]
-		if !ok {
-			return nil, &FieldError{Path: "rules", Message: "missing; a rules file needs a \"rules\" list"}
+		r, err := rulesMember(js)
+		if err != nil {
+			return nil, err
 		}
 		raw, prefix = r, "rules"
 	}
@@ -125,6 +112,46 @@ func DecodeList(data []byte) ([]*Rule, error) {
 		}
 		seen[r.Name] = i
 		rules = append(rules, r)
+	}
+	return rules, nil
+}
+
+// rulesMember returns the value of the single key "rules" of the JSON
+// object js, refusing any other key and a repeated "rules".
+func rulesMember(js []byte) (json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(js))
+	if _, err := dec.Token(); err != nil { // the opening '{'
+		return nil, fmt.Errorf("%w: %w", ErrSyntax, err)
+	}
+	var rules json.RawMessage
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrSyntax, err)
+		}
+		key, _ := tok.(string)
+		if key != "rules" {
+			msg := "unknown field; a rules file is a list of rules or an object with the single key \"rules\""
+			if _, isRuleField := fieldsOf(reflect.TypeFor[Rule]())[key]; isRuleField {
+				msg += " (this looks like a single rule: wrap it in a list)"
+			}
+			return nil, &FieldError{Path: key, Message: msg}
+		}
+		if rules != nil {
+			return nil, &FieldError{Path: key, Message: "duplicate key"}
+		}
+		if err := dec.Decode(&rules); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrSyntax, err)
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, fmt.Errorf("%w: %w", ErrSyntax, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: trailing data after the rules object", ErrSyntax)
+	}
+	if rules == nil {
+		return nil, &FieldError{Path: "rules", Message: "missing; a rules file needs a \"rules\" list"}
 	}
 	return rules, nil
 }

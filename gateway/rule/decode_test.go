@@ -209,6 +209,7 @@ func TestModeSynonyms(t *testing.T) {
 	}{
 		{name: "string", in: `"fullproxy"`, want: ModeFullProxy},
 		{name: "number 4", in: `4`, want: ModeFullProxy},
+		{name: "quoted 4", in: `"4"`, want: ModeFullProxy},
 		{name: "number 2 kept for admission", in: `2`, want: "2"},
 		{name: "other string kept for admission", in: `"dnat"`, want: "dnat"},
 	}
@@ -292,6 +293,10 @@ func TestDecodeList(t *testing.T) {
 		{name: "rules not a list", in: `{"rules":{"name":"a"}}`, wantErr: "rules: want a list of rules, got object"},
 		{name: "item not an object", in: `[1]`, wantErr: "[0]: want a rule object, got number 1"},
 		{name: "yaml scalar file", in: "hello\n", wantErr: "want a list of rules"},
+		{name: "duplicate rules key", in: `{"rules":[],"rules":[{"name":"a"}]}`, wantErr: "rules: duplicate key"},
+		{name: "missing rules key", in: `{}`, wantErr: "rules: missing"},
+		{name: "trailing data after array", in: `[{"name":"a"}] []`, wantErr: "malformed body"},
+		{name: "trailing data after object", in: `{"rules":[]} {}`, wantErr: "trailing data"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

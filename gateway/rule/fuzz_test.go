@@ -56,3 +56,46 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeList checks that DecodeList never panics and that what it
+// returns holds uniquely named rules that each decode again on their own.
+func FuzzDecodeList(f *testing.F) {
+	for _, s := range []string{
+		"- name: a\n- name: b\n",
+		`[{"name":"a"},{"name":"b","endpoints":[{"endpointIP":"::1","targetPort":1}]}]`,
+		"rules:\n  - name: a\n    sel: 8\n",
+		`{"rules":[],"rules":[]}`,
+		`{"rules":null}`,
+		"[]",
+		"rules: 3\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rules, err := DecodeList(data)
+		if err != nil {
+			if rules != nil {
+				t.Fatalf("DecodeList returned both rules and %v", err)
+			}
+			return
+		}
+		seen := map[string]bool{}
+		for _, r := range rules {
+			if seen[r.Name] {
+				t.Fatalf("duplicate name %q accepted", r.Name)
+			}
+			seen[r.Name] = true
+			out, err := json.Marshal(r)
+			if err != nil {
+				t.Fatalf("Marshal: %v", err)
+			}
+			back, err := Decode(out)
+			if err != nil {
+				t.Fatalf("Decode of a listed rule: %v\n%s", err, out)
+			}
+			if !equalRules(back.Effective(), r.Effective()) {
+				t.Fatalf("round trip changed rule %q", r.Name)
+			}
+		}
+	})
+}

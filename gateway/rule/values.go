@@ -16,8 +16,8 @@ import (
 const ModeFullProxy Mode = "fullproxy"
 
 // Mode is a rule's forwarding mode. On the wire it is the string "fullproxy"
-// or the reference gateway's number 4; both decode to ModeFullProxy, and it
-// always encodes as "fullproxy".
+// or the reference gateway's number 4 (also accepted quoted, "4"); all decode
+// to ModeFullProxy, and it always encodes as "fullproxy".
 //
 // The zero value "" means "not set" and resolves to ModeFullProxy in
 // Effective. Any other value (for instance "2" decoded from the number 2, or
@@ -36,6 +36,9 @@ func (m *Mode) UnmarshalJSON(b []byte) error {
 		var s string
 		if err := json.Unmarshal(b, &s); err != nil {
 			return fmt.Errorf("rule: mode: %w", err)
+		}
+		if s == "4" { // a quoted YAML 4 means the same as the number
+			s = string(ModeFullProxy)
 		}
 		*m = Mode(s)
 		return nil
