@@ -5,7 +5,7 @@ RACE_PKGS := ./gateway/...
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME  ?= 60s
 
-.PHONY: all build test unit lint fmt-check vet staticcheck bench bench-gateway fuzz clean
+.PHONY: all build test unit lint fmt-check vet staticcheck bench bench-deps bench-gateway fuzz clean
 
 all: build
 
@@ -36,8 +36,25 @@ staticcheck:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
+# bench-gateway compares, in one run, a fixed-response worker reached
+# directly, through llmgw, through httputil.ReverseProxy and through nginx
+# (when installed: make bench-deps).
 bench-gateway:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 3s ./gateway/...
+	$(GO) test -run '^$$' -bench 'Overhead' -benchtime 3s ./gateway/
+	$(GO) test -run '^$$' -bench 'Pick' -benchmem ./gateway/policy/
+
+# Reference proxies for the comparisons (Debian packages).
+bench-deps:
+	@command -v nginx >/dev/null && command -v haproxy >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light haproxy >/dev/null)
+
+# fuzz runs every Fuzz target of the module for FUZZTIME each (default 60s).
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
 
 clean:
 	rm -rf bin

@@ -126,7 +126,7 @@ A rule the gateway refuses stops the command with the admission error.`,
 			if err != nil {
 				return usageErrorf("-f %s: %v", file, err)
 			}
-			rules, err := rule.DecodeList(data)
+			rules, err := decodeRules(data)
 			if err != nil {
 				return usageErrorf("-f %s: %v", file, err)
 			}
@@ -260,4 +260,29 @@ func exactArgs(n int, msg string) cobra.PositionalArgs {
 		}
 		return nil
 	}
+}
+
+// decodeRules reads a rules file: one rule, a list of rules, or an object
+// {rules: [...]}, in YAML or JSON. The error reported is the one of the shape
+// the file looks like, so the user sees the precise field at fault.
+func decodeRules(data []byte) ([]*rule.Rule, error) {
+	if r, err := rule.Decode(data); err == nil {
+		return []*rule.Rule{r}, nil
+	} else if !looksLikeList(data) {
+		return nil, err
+	}
+	return rule.DecodeList(data)
+}
+
+func looksLikeList(data []byte) bool {
+	t := bytes.TrimSpace(data)
+	if len(t) > 0 && (t[0] == '[' || t[0] == '-') {
+		return true
+	}
+	for _, line := range bytes.Split(t, []byte("\n")) {
+		if bytes.HasPrefix(line, []byte("rules:")) || bytes.HasPrefix(line, []byte(`{"rules"`)) {
+			return true
+		}
+	}
+	return false
 }

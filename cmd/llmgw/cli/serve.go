@@ -115,7 +115,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 		if err != nil {
 			return usageErrorf("--rules: %v", err)
 		}
-		if initial, err = rule.DecodeList(b); err != nil {
+		if initial, err = decodeRules(b); err != nil {
 			return usageErrorf("--rules %s: %v", opts.RulesFile, err)
 		}
 	}
