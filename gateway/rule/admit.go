@@ -167,7 +167,8 @@ func isNameByte(c byte) bool {
 // and returns nil or the first failure as an *AdmissionError. existing is the
 // stored rule with the same name (nil on create); others are the other stored
 // rules (a rule named like r among them is ignored). Admit does not modify
-// its arguments. It reads the file system only to check a kvTokenizer path.
+// its arguments and is safe for concurrent use. It reads the file system
+// only to check a kvTokenizer path.
 func Admit(r *Rule, existing *Rule, others []*Rule) error {
 	if r == nil {
 		return bad(CodeRuleMissing, "", "no rule given")

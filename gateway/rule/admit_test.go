@@ -2,6 +2,9 @@ package rule
 
 import (
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,6 +62,7 @@ func TestAdmitRules(t *testing.T) {
 		wantField    string
 		wantConflict bool
 	}{
+		{name: "nil rule", base: func() *Rule { return nil }, wantCode: CodeRuleMissing},
 		{name: "valid plain", base: plainRule},
 		{name: "valid pd", base: pdRule},
 		{name: "valid trtllm pd", base: trtRule},
@@ -231,7 +235,9 @@ func TestAdmitRules(t *testing.T) {
 		{name: "order: invalid rule before conflict", base: plainRule, mutate: func(r *Rule) { r.KVBlockSize = -1 },
 			existing: func() *Rule { r := plainRule(); r.KVEngineType = "sglang"; return r }(), wantCode: CodeKVBlockSize},
 	}
+	covered := map[string]bool{}
 	for _, tc := range tests {
+		covered[tc.wantCode] = true
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.base()
 			if tc.mutate != nil {
@@ -278,6 +284,37 @@ func TestAdmitRules(t *testing.T) {
 			}
 		})
 	}
+
+	// Every admission code declared in admit.go has a case above.
+	for _, code := range declaredCodes(t) {
+		if !covered[code] {
+			t.Errorf("admission code %q has no test case", code)
+		}
+	}
+}
+
+// declaredCodes returns the values of the Code* constants in admit.go.
+func declaredCodes(t *testing.T) []string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "admit.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var codes []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		vs, ok := n.(*ast.ValueSpec)
+		if !ok || len(vs.Names) != 1 || !strings.HasPrefix(vs.Names[0].Name, "Code") || len(vs.Values) != 1 {
+			return true
+		}
+		if lit, ok := vs.Values[0].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+			codes = append(codes, strings.Trim(lit.Value, `"`))
+		}
+		return true
+	})
+	if len(codes) < 40 {
+		t.Fatalf("found %d Code constants in admit.go, want the full list", len(codes))
+	}
+	return codes
 }
 
 func TestAdmitNil(t *testing.T) {

@@ -54,7 +54,7 @@ func (e *FieldError) Error() string {
 // the nearest valid name; a value of the wrong type is a *FieldError naming
 // the expected type; trailing data and malformed input wrap ErrSyntax; input
 // over MaxRuleBytes wraps ErrTooLarge. Decode checks shape only: run Admit
-// for the semantic checks.
+// for the semantic checks. It is safe for concurrent use.
 func Decode(data []byte) (*Rule, error) {
 	if len(data) > MaxRuleBytes {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(data), MaxRuleBytes)
@@ -63,7 +63,13 @@ func Decode(data []byte) (*Rule, error) {
 	if err != nil {
 		return nil, err
 	}
-	return decodeJSONRule(js, "")
+	r, err := decodeJSONRule(js, "")
+	if err != nil && errors.Is(err, ErrSyntax) && firstByte(data) == '{' {
+		// A YAML flow mapping ("{name: a}") lands here too; say why it was
+		// read as JSON.
+		return nil, fmt.Errorf("%w (a body starting with '{' is read as JSON)", err)
+	}
+	return r, err
 }
 
 // DecodeList parses a rules file: a JSON array or YAML sequence of rules, or

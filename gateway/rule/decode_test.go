@@ -155,6 +155,7 @@ func TestDecodeErrors(t *testing.T) {
 		{name: "trailing garbage", in: minimalJSON + `x`, wantKind: ErrSyntax},
 		{name: "second yaml document", in: "name: a\n---\nname: b\n", wantKind: ErrSyntax, wantIn: "more than one YAML document"},
 		{name: "truncated json", in: `{"name":"a",`, wantKind: ErrSyntax},
+		{name: "yaml flow mapping read as json", in: `{name: a}`, wantKind: ErrSyntax, wantIn: "read as JSON"},
 		{name: "empty", in: "  \n", wantKind: ErrSyntax, wantIn: "empty"},
 		{name: "list instead of rule", in: `[{"name":"a"}]`, wantIn: "want a rule object, got list"},
 		{name: "yaml scalar", in: "just text", wantIn: "want a rule object"},

@@ -95,7 +95,8 @@ func (r *Rule) Clone() *Rule {
 // modified and nil yields nil. Only zero (unset) values are replaced, so
 // Effective is idempotent: r.Effective().Effective() equals r.Effective().
 // The result of an admitted rule is itself admitted, so a read-back can be
-// applied again unchanged.
+// applied again unchanged. Effective only reads r; concurrent calls on one
+// rule are safe as long as nobody writes to it.
 //
 // Defaults that only make sense for one engine or topology are resolved only
 // there: pdBootstrapPort for SGLang P/D rules, kvHashAlgo for engines with a
