@@ -87,7 +87,7 @@ func (s *Store) Load() ([]*rule.Rule, error) {
 	for _, e := range entries {
 		name := e.Name()
 		switch {
-		case strings.HasSuffix(name, tempSuffix):
+		case strings.HasSuffix(name, tempSuffix) && e.Type().IsRegular():
 			if err := os.Remove(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return nil, fmt.Errorf("store: remove leftover %s: %w", name, err)
 			}
