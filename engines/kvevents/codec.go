@@ -342,19 +342,29 @@ func (d *decoder) batchMap(dst *Batch) error {
 	return nil
 }
 
+// minEventSize is the shortest encoding of a known event:
+// ["BlockRemoved", []] is 15 bytes.
+const minEventSize = 15
+
+// maxEventPrealloc caps how many events are allocated up front from a
+// declared count; beyond it the slice grows as events actually decode, so
+// memory follows the bytes consumed (an Event is ~14x its minimal encoding).
+const maxEventPrealloc = 4096
+
 func (d *decoder) events(dst *Batch) error {
 	n, ok := d.r.arrayLen()
 	if !ok {
 		return d.fail("events is not an array")
 	}
-	if cap(dst.Events) < n {
-		// Carry the old elements over so their slices are reused.
-		old := dst.Events[:cap(dst.Events)]
-		grown := make([]Event, len(old), n)
-		copy(grown, old)
-		dst.Events = grown[:0]
+	// A declared count the payload cannot hold fails while decoding; only
+	// the preallocation is bounded here.
+	if want := min(n, d.r.remaining()/minEventSize, maxEventPrealloc); cap(dst.Events) < want {
+		dst.Events = growEvents(dst.Events, want)
 	}
 	for i := range n {
+		if i == cap(dst.Events) {
+			dst.Events = growEvents(dst.Events, max(2*i, 8))
+		}
 		dst.Events = dst.Events[:i+1]
 		e := &dst.Events[i]
 		*e = Event{BlockHashes: e.BlockHashes[:0], TokenIDs: e.TokenIDs[:0]}
@@ -363,6 +373,16 @@ func (d *decoder) events(dst *Batch) error {
 		}
 	}
 	return nil
+}
+
+// growEvents returns events with capacity c and the same length, carrying
+// over every old element (beyond the length too) so that their slices are
+// reused.
+func growEvents(events []Event, c int) []Event {
+	old := events[:cap(events)]
+	grown := make([]Event, len(old), c)
+	copy(grown, old)
+	return grown[:len(events)]
 }
 
 func (d *decoder) event(e *Event) error {

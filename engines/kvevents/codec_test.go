@@ -1,10 +1,12 @@
 package kvevents
 
 import (
+	"bytes"
 	"encoding/hex"
 	"errors"
 	"math"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -488,4 +490,37 @@ func BenchmarkAppendBatch(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(1024*b.N)/b.Elapsed().Seconds(), "blocks/s")
+}
+
+// TestHostileCountsAllocateLittle declares 2^32-1 events and hashes in a
+// small payload: memory must follow the bytes present, not the counts.
+func TestHostileCountsAllocateLittle(t *testing.T) {
+	removed := mustHex(t, "92ac426c6f636b52656d6f76656490") // ["BlockRemoved", []]
+	cases := []struct {
+		name    string
+		payload []byte
+	}{
+		// 15,000 events declared, which the 15,000 remaining bytes could
+		// hold as far as a byte count goes, but only 1,000 are there.
+		{"events", append(mustHex(t, "93cb3ff0000000000000dd00003a98"), bytes.Repeat(removed, 1000)...)},
+		{"events_max_count", append(mustHex(t, "93cb3ff0000000000000ddffffffff"), bytes.Repeat(removed, 1000)...)},
+		{"hashes", append(mustHex(t, "92cb3ff00000000000009192ac426c6f636b52656d6f766564ddffffffff"), bytes.Repeat([]byte{0x01}, 20000)...)},
+		{"tokens", append(mustHex(t, "92cb3ff00000000000009196ab426c6f636b53746f7265649101c0ddffffffff"), bytes.Repeat([]byte{0x01}, 20000)...)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var b Batch
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, err := DecodeBatch(tc.payload, &b)
+			runtime.ReadMemStats(&after)
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("got error %v, want ErrMalformed", err)
+			}
+			const limit = 1 << 20
+			if got := after.TotalAlloc - before.TotalAlloc; got > limit {
+				t.Errorf("allocated %d bytes for a %d-byte payload, want at most %d", got, len(tc.payload), limit)
+			}
+		})
+	}
 }
