@@ -9,6 +9,11 @@ FUZZTIME  ?= 60s
 
 all: build
 
+# demo: two simulated workers behind the gateway, live requests, read-back.
+.PHONY: demo
+demo:
+	./scripts/demo.sh
+
 build:
 	$(GO) build -o bin/llmgw ./cmd/llmgw
 

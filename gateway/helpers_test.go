@@ -95,6 +95,8 @@ func newBackend(t *testing.T, name string, handler func(ctx *fasthttp.RequestCtx
 				b.handler(ctx)
 				return
 			}
+			// Echo the request id, as vLLM does with --enable-request-id-headers.
+			ctx.Response.Header.SetBytesV("X-Request-Id", ctx.Request.Header.Peek("X-Request-Id"))
 			ctx.SetContentType("application/json")
 			fmt.Fprintf(ctx, `{"id":"%s","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}]}`, name)
 		},
