@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 	"testing"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -244,22 +245,25 @@ func TestCHWBLBoundFormula(t *testing.T) {
 // by the reference ring), and returns home when the hold is released.
 func TestCHWBLBoundedSpill(t *testing.T) {
 	tests := []struct {
-		name      string
-		sel       int
-		lf        float64
-		weights   []int
-		holdHome  int // requests held on the home endpoint
-		holdNext  int // requests held on the first spill endpoint
-		drainNext bool
-		wantSpill int // 0: stays home
+		name        string
+		sel         int
+		lf          float64
+		weights     []int
+		holdHome    int // requests held on the home endpoint
+		holdNext    int // requests held on the first spill endpoint
+		drainNext   bool
+		excludeHome bool // the retry after the home failed
+		wantSpill   int  // 0: stays home
 	}{
-		{"under the bound stays home", 8, 1.25, []int{1, 1, 1, 1}, 0, 0, false, 0},
-		{"one held spills at 1.25", 8, 1.25, []int{1, 1, 1, 1}, 1, 0, false, 1},
-		{"two held stay home at 3", 8, 3, []int{1, 1, 1, 1}, 2, 0, false, 0},
-		{"three held spill at 3", 8, 3, []int{1, 1, 1, 1}, 3, 0, false, 1},
-		{"next over the bound too spills twice", 8, 1.25, []int{1, 1, 1, 1}, 3, 3, false, 2},
-		{"next draining spills twice", 8, 1.25, []int{1, 1, 1, 1}, 1, 0, true, 2},
-		{"weighted equal weights spill", 10, 1.25, []int{2, 2, 2, 2}, 1, 0, false, 1},
+		{"under the bound stays home", 8, 1.25, []int{1, 1, 1, 1}, 0, 0, false, false, 0},
+		{"one held spills at 1.25", 8, 1.25, []int{1, 1, 1, 1}, 1, 0, false, false, 1},
+		{"two held stay home at 3", 8, 3, []int{1, 1, 1, 1}, 2, 0, false, false, 0},
+		{"three held spill at 3", 8, 3, []int{1, 1, 1, 1}, 3, 0, false, false, 1},
+		{"next over the bound too spills twice", 8, 1.25, []int{1, 1, 1, 1}, 3, 3, false, false, 2},
+		{"next draining spills twice", 8, 1.25, []int{1, 1, 1, 1}, 1, 0, true, false, 2},
+		{"home excluded spills once", 8, 1.25, []int{1, 1, 1, 1}, 0, 0, false, true, 1},
+		{"home excluded and next draining", 10, 1.25, []int{1, 1, 1, 1}, 0, 0, true, true, 2},
+		{"weighted equal weights spill", 10, 1.25, []int{2, 2, 2, 2}, 1, 0, false, false, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -267,7 +271,7 @@ func TestCHWBLBoundedSpill(t *testing.T) {
 			p := mustNew(t, Config{Sel: tc.sel, LoadFactor: tc.lf}, eps)
 			ref := newRefRing(eps, func(e *upstream.Endpoint) int {
 				if tc.sel == 10 {
-					return DefaultReplicas * e.Weight / 2 // weights reduce by their gcd 2
+					return DefaultReplicas * e.Weight / tc.weights[0] // equal weights reduce to 1
 				}
 				return DefaultReplicas
 			})
@@ -278,6 +282,10 @@ func TestCHWBLBoundedSpill(t *testing.T) {
 				releaseHome := hold(t, home, tc.holdHome)
 				releaseNext := hold(t, next, tc.holdNext)
 				next.SetDraining(tc.drainNext)
+				retry := *req
+				if tc.excludeHome {
+					retry.Exclude = home
+				}
 
 				want := eps[order[tc.wantSpill]]
 				wantReason := ReasonCHWBLSpill
@@ -285,7 +293,7 @@ func TestCHWBLBoundedSpill(t *testing.T) {
 					wantReason = ReasonCHWBLHome
 				}
 				for i := range 3 { // deterministic: the same answer each time
-					d := mustPick(t, p, req)
+					d := mustPick(t, p, &retry)
 					if d.Endpoint != want || d.Reason != wantReason || d.Spill != tc.wantSpill {
 						t.Fatalf("key %d pick %d = %s (%v, spill %d); want %s (%v, spill %d); ring order %v",
 							k, i, d.Endpoint.ID, d.Reason, d.Spill, want.ID, wantReason, tc.wantSpill, order)
@@ -385,5 +393,58 @@ func TestCHWBLSpread(t *testing.T) {
 			}
 			t.Logf("keys per endpoint: %v", got)
 		})
+	}
+}
+
+// TestCHWBLFallback covers the walk finding no endpoint under the bound,
+// which only happens when counts move during a pick: with stable counts and
+// c ≥ 1 the least loaded endpoint is always under the bound. The move is
+// simulated deterministically through ep0's breaker clock, which the walk
+// consults when it visits ep0 (ep0's breaker is open, so Available asks the
+// clock): the second call lands 10 requests on ep1, as concurrent picks
+// would, after the totals were taken.
+func TestCHWBLFallback(t *testing.T) {
+	var calls int
+	var ep1 *upstream.Endpoint
+	var releases []func()
+	clock := func() time.Time {
+		calls++
+		if calls == 2 {
+			for range 10 {
+				releases = append(releases, ep1.Acquire())
+			}
+		}
+		return time.Unix(1_700_000_000, 0)
+	}
+	brk := upstream.NewBreaker(upstream.BreakerConfig{Now: clock})
+	brk.Trip()
+	calls = 0
+	eps := []*upstream.Endpoint{
+		upstream.New("ep0", "127.0.0.1", 8000, "127.0.0.1:8000", 1, upstream.RoleNormal, 0, brk),
+		upstream.New("ep1", "127.0.0.1", 8001, "127.0.0.1:8001", 1, upstream.RoleNormal, 1, nil),
+	}
+	ep1 = eps[1]
+	t.Cleanup(func() {
+		for _, r := range releases {
+			r()
+		}
+	})
+	ref := newRefRing(eps, func(*upstream.Endpoint) int { return DefaultReplicas })
+	var req *Request
+	for i := 0; req == nil; i++ { // a key whose home is ep0, so the walk visits ep0 first
+		if r := keyReq(i); ref.walk(r.KeyHash)[0] == 0 {
+			req = r
+		}
+	}
+	p := mustNew(t, Config{Sel: 8}, eps)
+	d := mustPick(t, p, req)
+	// Totals saw ep1 idle (bound ceil(1.25×1/1) = 2); by its visit it holds
+	// 10, so nothing passes and the least loaded available endpoint, ep1, is
+	// taken.
+	if d.Endpoint != ep1 || d.Reason != ReasonFallback || d.Spill != 2 {
+		t.Errorf("Pick = %s (%v, spill %d); want ep1 (fallback, spill 2)", d.Endpoint.ID, d.Reason, d.Spill)
+	}
+	if calls < 2 {
+		t.Errorf("breaker clock called %d times; the scenario needs the walk to visit ep0", calls)
 	}
 }

@@ -36,6 +36,8 @@ func TestConcurrentPickAcquireRelease(t *testing.T) {
 				eps[1].SetDraining(false)
 			}()
 
+			// Each worker reports at most one error and stops, so the buffered
+			// channel can never block a worker.
 			errs := make(chan error, workers)
 			var wg sync.WaitGroup
 			for w := range workers {
@@ -58,13 +60,17 @@ func TestConcurrentPickAcquireRelease(t *testing.T) {
 							req.Exclude = d.Endpoint
 							d2, err := p.Pick(req)
 							if err != nil && !errors.Is(err, ErrNoEndpoint) {
+								release()
 								errs <- fmt.Errorf("worker %d retry %d: %w", w, i, err)
+								return
 							}
 							if err == nil {
-								if d2.Endpoint == d.Endpoint {
-									errs <- fmt.Errorf("worker %d retry %d: excluded %s picked again", w, i, d.Endpoint.ID)
-								}
 								d2.Endpoint.Acquire()()
+								if d2.Endpoint == d.Endpoint {
+									release()
+									errs <- fmt.Errorf("worker %d retry %d: excluded %s picked again", w, i, d.Endpoint.ID)
+									return
+								}
 							}
 						}
 						release()
