@@ -129,6 +129,14 @@ type Inheritor interface {
 	Inherit(old Picker)
 }
 
+// BindingCounter is implemented by a Picker with a session binding table
+// (sel 3), for status pages and metrics. Bindings counts the entries held,
+// expired ones not yet swept included; it is safe for concurrent use and
+// takes each shard lock briefly, so call it per scrape, not per request.
+type BindingCounter interface {
+	Bindings() int
+}
+
 // Config selects and tunes a policy. Zero fields take the defaults noted.
 type Config struct {
 	// Sel is the rule's policy number: 0 rr, 2 weighted rr, 3 session

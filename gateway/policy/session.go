@@ -251,6 +251,7 @@ func (sh *sessionShard) unlink(b *binding) {
 }
 
 var (
-	_ Picker    = (*session)(nil)
-	_ Inheritor = (*session)(nil)
+	_ Picker         = (*session)(nil)
+	_ Inheritor      = (*session)(nil)
+	_ BindingCounter = (*session)(nil)
 )

@@ -159,7 +159,7 @@ func TestSessionNoKey(t *testing.T) {
 			t.Errorf("Pick(no session) = %s (%v); want ep1 (session-nokey)", d.Endpoint.ID, d.Reason)
 		}
 	}
-	if n := p.(*session).Bindings(); n != 0 {
+	if n := p.(BindingCounter).Bindings(); n != 0 {
 		t.Errorf("Bindings() after keyless picks = %d; want 0", n)
 	}
 }
