@@ -41,9 +41,7 @@ type HF struct {
 	idToBytes  []string // raw bytes (or added-token text) of each id; "" if unused
 	idKnown    []bool
 
-	bosID, eosID   uint32
-	bosText        string
-	eosText        string
+	bosID          uint32
 	hasBOS, addBOS bool
 	specialVars    map[string]string // special-token template variables
 	chatTemplate   string
@@ -113,7 +111,9 @@ type hfConfig struct {
 // LoadHF loads a Hugging Face tokenizer.json (byte-level BPE with Split +
 // ByteLevel pre-tokenizers, NFC or no normalizer, added/special tokens
 // recognised in the text). The tokenizer_config.json beside it (same
-// directory), when present, supplies BOS policy and the chat template.
+// directory), when present, supplies BOS policy and the chat template; a
+// chat_template.jinja beside it supplies the template when the config has
+// none (the layout of newer model repositories).
 //
 // The name is the directory's name with "__" read as "/" (the slug layout
 // "Qwen__Qwen3" gives "Qwen/Qwen3"). Components the package does not
@@ -139,6 +139,17 @@ func LoadHF(path string) (*HF, error) {
 	default:
 		if err := t.applyConfig(cfg); err != nil {
 			return nil, fmt.Errorf("tokenizer: load %s: %w", cfgPath, err)
+		}
+	}
+	if t.chatTemplate == "" {
+		// Newer model repositories keep the template in its own file.
+		tplPath := filepath.Join(dir, "chat_template.jinja")
+		tpl, err := os.ReadFile(tplPath)
+		switch {
+		case err == nil:
+			t.chatTemplate = string(tpl)
+		case !errors.Is(err, os.ErrNotExist):
+			return nil, fmt.Errorf("tokenizer: load %s: %w", tplPath, err)
 		}
 	}
 	return t, nil
@@ -386,7 +397,7 @@ func (t *HF) bosFromPostProcessor(raw json.RawMessage) {
 		return
 	}
 	if id, ok := t.added.idOf(p.Single[0].SpecialToken.ID); ok {
-		t.bosID, t.bosText, t.hasBOS, t.addBOS = id, p.Single[0].SpecialToken.ID, true, true
+		t.bosID, t.hasBOS, t.addBOS = id, true, true
 	}
 }
 
@@ -431,15 +442,11 @@ func (t *HF) applyConfig(data []byte) error {
 		if !known {
 			return fmt.Errorf("tokenizer: bos_token %q is not in the vocabulary", bos)
 		}
-		t.bosID, t.bosText, t.hasBOS = id, bos, true
+		t.bosID, t.hasBOS = id, true
 	}
 	// Without a bos_token the post-processor's BOS, if any, stands.
 	if c.AddBOSToken != nil {
 		t.addBOS = *c.AddBOSToken && t.hasBOS
-	}
-	if eos, ok := t.specialVars["eos_token"]; ok {
-		t.eosID, _ = t.tokenID(eos)
-		t.eosText = eos
 	}
 	tpl, err := chatTemplateText(c.ChatTemplate)
 	if err != nil {

@@ -214,6 +214,24 @@ func TestChatRendererFromConfig(t *testing.T) {
 			}
 		})
 	}
+	t.Run("chat_template.jinja beside the config", func(t *testing.T) {
+		path := writeTiny(t, "m", tinySpec{}, map[string]any{"eos_token": "</s>"})
+		tpl := "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}"
+		if err := os.WriteFile(filepath.Join(filepath.Dir(path), "chat_template.jinja"), []byte(tpl), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tok, err := LoadHF(path)
+		if err != nil {
+			t.Fatalf("LoadHF: %v", err)
+		}
+		r, err := tok.ChatRenderer()
+		if err != nil {
+			t.Fatalf("ChatRenderer: %v", err)
+		}
+		if got, err := r.Render([]Message{{Role: "user", Content: "hi"}}, false); err != nil || got != "user:hi;" {
+			t.Errorf("Render = %q, %v; want %q", got, err, "user:hi;")
+		}
+	})
 	t.Run("bad template", func(t *testing.T) {
 		if _, err := NewJinjaRenderer("{% for %}", nil); err == nil {
 			t.Errorf("NewJinjaRenderer(bad) error = nil, want a compile error")
