@@ -65,6 +65,20 @@ type apiError struct {
 func statusFor(err error) (status int, typ, code string) {
 	var ne net.Error
 	switch {
+	case errors.Is(err, ErrPDPoolUnavailable):
+		return fasthttp.StatusServiceUnavailable, "server_error", "pd_pool_unavailable"
+	case errors.Is(err, ErrPDPrefillTimeout):
+		return fasthttp.StatusGatewayTimeout, "server_error", "pd_prefill_timeout"
+	case errors.Is(err, ErrPDDecodeTimeout):
+		return fasthttp.StatusGatewayTimeout, "server_error", "pd_decode_timeout"
+	case errors.Is(err, ErrPDDecodeStalled):
+		return fasthttp.StatusBadGateway, "server_error", "pd_decode_stream_timeout"
+	case errors.Is(err, ErrPDPrefillFailed):
+		return fasthttp.StatusBadGateway, "server_error", "pd_prefill_failed"
+	case errors.Is(err, ErrPDDecodeDied):
+		return fasthttp.StatusBadGateway, "server_error", "pd_decode_backend_died"
+	case errors.Is(err, ErrPDBodyTooLarge):
+		return fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "pd_body_too_large"
 	case errors.Is(err, ErrBadRequest), errors.Is(err, openai.ErrInvalid):
 		return fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request"
 	case errors.Is(err, ErrUnknownModel):

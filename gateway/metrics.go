@@ -26,6 +26,12 @@ type metrics struct {
 	upstreamLatency    *prometheus.HistogramVec
 	ttfb               *prometheus.HistogramVec
 	overhead           *prometheus.HistogramVec
+
+	pdRequests        *prometheus.CounterVec
+	pdPrefillDuration *prometheus.HistogramVec
+	pdDecodeTTFT      *prometheus.HistogramVec
+	pdKVParams        *prometheus.CounterVec
+	pdEarlyExit       *prometheus.CounterVec
 }
 
 func newMetrics(s *Server) *metrics {
@@ -66,6 +72,22 @@ func newMetrics(s *Server) *metrics {
 			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05},
 		}, []string{"rule"}),
 	}
+	m.pdRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_pd_requests_total", Help: "P/D requests by phase (prefill, decode, complete) and status (success, timeout, error).",
+	}, []string{"rule", "phase", "status"})
+	m.pdPrefillDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "llmgw_pd_prefill_duration_seconds", Help: "Duration of P/D prefill (context) legs.", Buckets: latencyBuckets,
+	}, []string{"rule"})
+	m.pdDecodeTTFT = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "llmgw_pd_decode_ttft_seconds", Help: "Time from sending the decode leg to its response headers.", Buckets: latencyBuckets,
+	}, []string{"rule"})
+	m.pdKVParams = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_pd_handoff_params_total", Help: "Hand-off parameters (vLLM kv_transfer_params, TRT-LLM disaggregated_params) found or missing in prefill answers.",
+	}, []string{"rule", "outcome"})
+	m.pdEarlyExit = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_pd_early_exit_total", Help: "TRT-LLM requests answered entirely by the context phase.",
+	}, []string{"rule"})
+	reg.MustRegister(m.pdRequests, m.pdPrefillDuration, m.pdDecodeTTFT, m.pdKVParams, m.pdEarlyExit)
 	reg.MustRegister(m.requests, m.rejected, m.retries, m.clientCancels, m.streamErrors,
 		m.breakerTransitions, m.probeTransitions, m.upstreamLatency, m.ttfb, m.overhead,
 		&liveCollector{s: s},

@@ -156,6 +156,10 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 	st.preq = policy.Request{KeyHash: st.oreq.KeyHash, HasKey: st.oreq.HasKey}
 	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(ctx)
 	st.preq.Session = rt.sessionValue(ctx, st.oreq.User)
+	if rt.pd != nil {
+		s.servePD(ctx, rt, st, st.oreq.Stream, start)
+		return
+	}
 	s.forward(ctx, rt, st, st.oreq.Stream, start)
 }
 

@@ -244,5 +244,9 @@ func (rt *ruleRuntime) status(addr string) *RuleStatus {
 		st.Status.InFlight += es.InFlight
 		st.Status.Endpoints = append(st.Status.Endpoints, es)
 	}
+	if rt.pd != nil {
+		// A P/D rule serves only with a prefill and a decode available.
+		st.Status.Ready = rt.pd.ready()
+	}
 	return st
 }

@@ -25,6 +25,7 @@ type ruleRuntime struct {
 	byID      map[string]*upstream.Endpoint
 	clients   []*fasthttp.HostClient // by endpoint Index
 	picker    policy.Picker
+	pd        *pdRuntime // nil unless pd_disagg_mode
 
 	sessSource string // "header", "cookie", "query" or "" (body user only)
 	sessName   []byte
@@ -90,6 +91,16 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 		}
 	}
 	rt.picker = p
+	if eff.PDDisaggMode {
+		if rt.pd, err = newPDRuntime(eff, rt.eps); err != nil {
+			return nil, err
+		}
+		if prev != nil && prev.pd != nil {
+			if inh, ok := rt.pd.pickP.(policy.Inheritor); ok {
+				inh.Inherit(prev.pd.pickP)
+			}
+		}
+	}
 	if eff.SessionHeaderName != "" {
 		src, name, err := rule.ParseSessionKey(eff.SessionHeaderName)
 		if err != nil {
@@ -121,6 +132,9 @@ func (rt *ruleRuntime) stop() {
 		rt.cancel()
 	}
 	rt.wg.Wait()
+	if rt.pd != nil {
+		rt.pd.close()
+	}
 }
 
 // inFlight sums the in-flight requests of every endpoint.

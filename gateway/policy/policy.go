@@ -206,16 +206,18 @@ func (cfg Config) resolved() (Config, error) {
 }
 
 // checkEndpoints enforces the contract New relies on: no nil entries, Index
-// equal to the position (tie-breaks and internal tables use it), unique IDs
-// (session bindings and the ring are keyed by ID).
+// strictly increasing along the slice (tie-breaks go by position, so position
+// order must be Index order; a subset of a rule's endpoints in rule order,
+// such as a P/D rule's prefill pool, qualifies), unique IDs (session bindings
+// and the ring are keyed by ID).
 func checkEndpoints(eps []*upstream.Endpoint) error {
 	seen := make(map[string]int, len(eps))
 	for i, e := range eps {
 		if e == nil {
 			return fmt.Errorf("%w: endpoint %d is nil", ErrBadConfig, i)
 		}
-		if e.Index != i {
-			return fmt.Errorf("%w: endpoint %q has index %d at position %d", ErrBadConfig, e.ID, e.Index, i)
+		if i > 0 && e.Index <= eps[i-1].Index {
+			return fmt.Errorf("%w: endpoint %q has index %d at position %d, not above its predecessor's %d", ErrBadConfig, e.ID, e.Index, i, eps[i-1].Index)
 		}
 		if j, dup := seen[e.ID]; dup {
 			return fmt.Errorf("%w: endpoint id %q at positions %d and %d", ErrBadConfig, e.ID, j, i)
@@ -225,8 +227,8 @@ func checkEndpoints(eps []*upstream.Endpoint) error {
 	return nil
 }
 
-// New builds the policy for cfg.Sel over eps, the rule's endpoints in rule
-// order with Index equal to the position. The endpoint set is immutable for
+// New builds the policy for cfg.Sel over eps, the rule's endpoints (or a
+// subset of them) in rule order. The endpoint set is immutable for
 // the returned Picker: a rule update builds a new Picker (and carries learned
 // state over with Inheritor). An empty eps is allowed; every Pick then
 // returns ErrNoEndpoint. New keeps eps (not a copy): do not modify the slice

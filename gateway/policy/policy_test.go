@@ -93,7 +93,11 @@ func TestNewRejects(t *testing.T) {
 	dup := testEndpoints(2)
 	dup[1] = upstream.New("ep0", "127.0.0.1", 1, "127.0.0.1:1", 1, upstream.RoleNormal, 1, nil)
 	misIndexed := testEndpoints(2)
-	misIndexed[1] = upstream.New("ep1", "127.0.0.1", 1, "127.0.0.1:1", 1, upstream.RoleNormal, 5, nil)
+	subset := []*upstream.Endpoint{testEndpoints(3)[0], testEndpoints(3)[2]} // indexes 0, 2: a pool in rule order
+	if _, err := New(Config{Sel: 4}, subset); err != nil {
+		t.Errorf("New over a subset in rule order: %v", err)
+	}
+	misIndexed[0] = upstream.New("ep0", "127.0.0.1", 1, "127.0.0.1:1", 1, upstream.RoleNormal, 5, nil)
 	tests := []struct {
 		name    string
 		cfg     Config
@@ -110,7 +114,7 @@ func TestNewRejects(t *testing.T) {
 		{"negative ttl", Config{Sel: 3, SessionTTL: -time.Second}, eps, ErrBadConfig, "negative session ttl"},
 		{"negative cap", Config{Sel: 3, SessionCap: -1}, eps, ErrBadConfig, "negative session cap"},
 		{"nil endpoint", Config{Sel: 0}, []*upstream.Endpoint{eps[0], nil}, ErrBadConfig, "endpoint 1 is nil"},
-		{"index not position", Config{Sel: 4}, misIndexed, ErrBadConfig, `"ep1" has index 5 at position 1`},
+		{"index not increasing", Config{Sel: 4}, misIndexed, ErrBadConfig, `"ep1" has index 1 at position 1, not above its predecessor's 5`},
 		{"duplicate id", Config{Sel: 2}, dup, ErrBadConfig, `id "ep0" at positions 0 and 1`},
 		{"ring too large", Config{Sel: 10, Replicas: 4096}, testEndpoints(0, 1000, 1), ErrBadConfig, "virtual nodes"},
 	}

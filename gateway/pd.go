@@ -1,0 +1,784 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+
+	"github.com/llmgw/llmgw/gateway/policy"
+	"github.com/llmgw/llmgw/gateway/rule"
+	"github.com/llmgw/llmgw/gateway/upstream"
+)
+
+// P/D failures, each with its own status and code (mapped in statusFor).
+var (
+	// ErrPDPoolUnavailable: no available prefill or no available decode (503).
+	ErrPDPoolUnavailable = errors.New("gateway: pd pool unavailable")
+	// ErrPDPrefillFailed: the prefill leg failed before the decode produced
+	// output (502).
+	ErrPDPrefillFailed = errors.New("gateway: pd prefill failed")
+	// ErrPDPrefillTimeout: the prefill leg did not finish in time (504).
+	ErrPDPrefillTimeout = errors.New("gateway: pd prefill timed out")
+	// ErrPDDecodeTimeout: the decode leg sent no response headers in time (504).
+	ErrPDDecodeTimeout = errors.New("gateway: pd decode timed out before its first byte")
+	// ErrPDDecodeStalled: the decode stream went silent past the idle timeout (502).
+	ErrPDDecodeStalled = errors.New("gateway: pd decode stream stalled")
+	// ErrPDDecodeDied: the decode worker failed (502).
+	ErrPDDecodeDied = errors.New("gateway: pd decode backend died")
+	// ErrPDBodyTooLarge: the body is too large to rewrite for the legs (413).
+	ErrPDBodyTooLarge = errors.New("gateway: request body too large for a pd rewrite")
+)
+
+// pdMaxRewriteBytes bounds the bodies the gateway rewrites for P/D legs.
+// Each leg holds its own copy, so the bound is half the data-plane default.
+const pdMaxRewriteBytes = 4 << 20
+
+// pdMaxLegResponse bounds a buffered prefill/context response.
+const pdMaxLegResponse = 8 << 20
+
+// pdRuntime is the prefill/decode part of a rule runtime.
+type pdRuntime struct {
+	engine    string
+	bootPort  int
+	prefill   []*upstream.Endpoint
+	decode    []*upstream.Endpoint
+	pickP     policy.Picker // session pin, then least in-flight
+	pickD     policy.Picker // least in-flight
+	client    *http.Client
+	transport *http.Transport
+}
+
+func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint) (*pdRuntime, error) {
+	pd := &pdRuntime{engine: eff.KVEngineType, bootPort: eff.PDBootstrapPort}
+	for _, ep := range eps {
+		switch ep.Role {
+		case upstream.RolePrefill:
+			pd.prefill = append(pd.prefill, ep)
+		case upstream.RoleDecode:
+			pd.decode = append(pd.decode, ep)
+		}
+	}
+	var err error
+	if pd.pickP, err = policy.New(policy.Config{Sel: 3, SessionTTL: eff.SessionTTL.Std()}, pd.prefill); err != nil {
+		return nil, err
+	}
+	if pd.pickD, err = policy.New(policy.Config{Sel: 4}, pd.decode); err != nil {
+		return nil, err
+	}
+	connect := eff.Timeouts.Connect.Std()
+	pd.transport = &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: connect}
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, &DialError{Addr: addr, Err: err}
+			}
+			return c, nil
+		},
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	pd.client = &http.Client{Transport: pd.transport}
+	return pd, nil
+}
+
+func (pd *pdRuntime) close() { pd.transport.CloseIdleConnections() }
+
+// ready reports whether at least one prefill and one decode are available.
+func (pd *pdRuntime) ready() bool {
+	return anyAvailable(pd.prefill) && anyAvailable(pd.decode)
+}
+
+func anyAvailable(eps []*upstream.Endpoint) bool {
+	for _, ep := range eps {
+		if ep.Available() {
+			return true
+		}
+	}
+	return false
+}
+
+// pdRequest is one client request being served by a prefill/decode pair.
+type pdRequest struct {
+	s    *Server
+	rt   *ruleRuntime
+	pd   *pdRuntime
+	ctx  *fasthttp.RequestCtx
+	body []byte // the client's body
+	path string
+	// hdr is the client's headers to forward, captured once on the handler
+	// goroutine: fasthttp headers are not safe to read from the legs'
+	// goroutines concurrently.
+	hdr    http.Header
+	stream bool
+	id     string
+	preq   policy.Request
+	start  time.Time
+	route  string
+}
+
+// servePD serves a completion on a P/D rule with the engine's hand-off.
+func (s *Server) servePD(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState, stream bool, start time.Time) {
+	body := ctx.PostBody()
+	if len(body) > pdMaxRewriteBytes {
+		writeError(ctx, fmt.Errorf("%w: %d bytes; P/D legs are rewritten and the limit is %d bytes", ErrPDBodyTooLarge, len(body), pdMaxRewriteBytes))
+		s.metrics.rejected.WithLabelValues("pd_body_too_large").Inc()
+		return
+	}
+	id := string(requestID(ctx, st))
+	ctx.Response.Header.Set("X-Request-Id", id)
+	r := &pdRequest{s: s, rt: rt, pd: rt.pd, ctx: ctx, body: body, path: string(ctx.Path()), hdr: http.Header{}, stream: stream, id: id, start: start}
+	ctx.Request.Header.VisitAll(func(k, v []byte) {
+		switch strings.ToLower(string(k)) {
+		case "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "proxy-authorization", "x-request-id":
+			return
+		}
+		r.hdr.Add(string(k), string(v))
+	})
+	r.hdr.Set("Content-Type", "application/json")
+	r.hdr.Set("X-Request-Id", id)
+	r.preq = policy.Request{Session: st.preq.Session}
+	if len(r.preq.Session) == 0 {
+		if v := ctx.Request.Header.PeekBytes(hdrConversationID); len(v) > 0 {
+			r.preq.Session = v
+		} else if v := ctx.Request.Header.PeekBytes(hdrSessionID); len(v) > 0 {
+			r.preq.Session = v
+		}
+	}
+	var err error
+	switch rt.pd.engine {
+	case "sglang":
+		err = r.serveSGLang()
+	case "trtllm":
+		err = r.serveTRT()
+	default:
+		err = r.serveVLLM()
+	}
+	if err != nil {
+		writeError(ctx, err)
+		s.metrics.pdRequests.WithLabelValues(rt.rule.Name, "complete", pdStatus(err)).Inc()
+	}
+}
+
+func pdStatus(err error) string {
+	if err == nil {
+		return "success"
+	}
+	if status, _, _ := statusFor(err); status == fasthttp.StatusGatewayTimeout {
+		return "timeout"
+	}
+	return "error"
+}
+
+// pick chooses a prefill (excluding exP) and a decode endpoint.
+func (r *pdRequest) pick(exP *upstream.Endpoint) (*upstream.Endpoint, *upstream.Endpoint, error) {
+	r.preq.Exclude = exP
+	dp, err := r.pd.pickP.Pick(&r.preq)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: rule %q has no available prefill endpoint", ErrPDPoolUnavailable, r.rt.rule.Name)
+	}
+	r.preq.Exclude = nil
+	dd, err := r.pd.pickD.Pick(&r.preq)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: rule %q has no available decode endpoint", ErrPDPoolUnavailable, r.rt.rule.Name)
+	}
+	return dp.Endpoint, dd.Endpoint, nil
+}
+
+// legResult is one finished, buffered leg.
+type legResult struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error
+	dur    time.Duration
+}
+
+// sendLeg sends body to ep and, when buffer is true, reads the whole answer.
+// It records the outcome on ep's breaker. The caller owns resp.Body when
+// buffer is false and err is nil.
+func (r *pdRequest) sendLeg(ctx context.Context, ep *upstream.Endpoint, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep.Addr+r.path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header = r.hdr.Clone()
+	resp, err := r.pd.client.Do(req)
+	if err != nil {
+		if b := ep.Breaker(); b != nil && !errors.Is(ctx.Err(), context.Canceled) {
+			b.RecordConnFailure()
+		}
+		return nil, err
+	}
+	recordStatus(ep, resp.StatusCode)
+	return resp, nil
+}
+
+func recordStatus(ep *upstream.Endpoint, status int) {
+	b := ep.Breaker()
+	if b == nil {
+		return
+	}
+	switch {
+	case status >= 500:
+		b.RecordOrigin5xx()
+	case status >= 400:
+		b.RecordClientError()
+	default:
+		b.RecordSuccess()
+	}
+}
+
+// bufferedLeg sends a non-streaming leg and reads its answer, within timeout.
+func (r *pdRequest) bufferedLeg(parent context.Context, ep *upstream.Endpoint, body []byte, timeout time.Duration) legResult {
+	release := ep.Acquire()
+	defer release()
+	ctx, cancel := context.WithTimeout(parent, timeout)
+	defer cancel()
+	t0 := time.Now()
+	resp, err := r.sendLeg(ctx, ep, body)
+	if err != nil {
+		return legResult{err: err, dur: time.Since(t0)}
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, pdMaxLegResponse+1))
+	if err == nil && len(data) > pdMaxLegResponse {
+		err = fmt.Errorf("answer larger than %d bytes", pdMaxLegResponse)
+	}
+	return legResult{status: resp.StatusCode, header: resp.Header, body: data, err: err, dur: time.Since(t0)}
+}
+
+func isCtxTimeout(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || isTimeout(err)
+}
+
+// prefillErr classifies a failed prefill/context leg.
+func (r *pdRequest) prefillErr(ep *upstream.Endpoint, err error) error {
+	if isCtxTimeout(err) {
+		return fmt.Errorf("%w: prefill endpoint %s (%s) did not answer within %s", ErrPDPrefillTimeout, ep.ID, ep.Addr, r.rt.rule.Timeouts.Prefill.Std())
+	}
+	return fmt.Errorf("%w: prefill endpoint %s (%s): %v", ErrPDPrefillFailed, ep.ID, ep.Addr, err)
+}
+
+// relayVerbatim answers the client with a leg's buffered response.
+func (r *pdRequest) relayVerbatim(ep *upstream.Endpoint, lr legResult) {
+	copyHeaders(r.ctx, lr.header)
+	r.ctx.SetStatusCode(lr.status)
+	r.ctx.SetBody(lr.body)
+	r.ctx.Response.Header.Set("X-Llmgw-Endpoint", ep.ID)
+	r.ctx.Response.Header.Set("X-Llmgw-Route", r.route)
+	r.s.metrics.requests.WithLabelValues(r.rt.rule.Name, ep.ID, statusLabel(lr.status)).Inc()
+}
+
+func copyHeaders(ctx *fasthttp.RequestCtx, h http.Header) {
+	for k, vs := range h {
+		switch strings.ToLower(k) {
+		case "connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade", "x-request-id":
+			continue
+		}
+		for _, v := range vs {
+			ctx.Response.Header.Add(k, v)
+		}
+	}
+}
+
+// rewrite parses the client's body, applies edit, and returns the new body.
+func rewrite(body []byte, edit func(v *fastjson.Value, a *fastjson.Arena)) ([]byte, error) {
+	var p fastjson.Parser
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	var a fastjson.Arena
+	edit(v, &a)
+	return v.MarshalTo(make([]byte, 0, len(body)+256)), nil
+}
+
+// serveVLLM is vLLM's sequential NIXL hand-off: a prefill capped at one
+// token returns kv_transfer_params, which the decode leg consumes.
+func (r *pdRequest) serveVLLM() error {
+	pBody, err := rewrite(r.body, func(v *fastjson.Value, a *fastjson.Arena) {
+		// Always cap the prefill, even when the client set no limit: an
+		// uncapped prefill would generate the whole answer on the prefill
+		// worker (the reference gateway forgets this).
+		v.Set("max_tokens", a.NewNumberInt(1))
+		if v.Exists("max_completion_tokens") {
+			v.Set("max_completion_tokens", a.NewNumberInt(1))
+		}
+		if mt := v.Get("min_tokens"); mt != nil && mt.GetInt() > 1 {
+			v.Set("min_tokens", a.NewNumberInt(1))
+		}
+		v.Set("stream", a.NewFalse())
+		v.Del("stream_options")
+		kv := a.NewObject()
+		kv.Set("do_remote_decode", a.NewTrue())
+		kv.Set("do_remote_prefill", a.NewFalse())
+		kv.Set("remote_engine_id", a.NewNull())
+		kv.Set("remote_block_ids", a.NewNull())
+		kv.Set("remote_host", a.NewNull())
+		kv.Set("remote_port", a.NewNull())
+		v.Set("kv_transfer_params", kv)
+	})
+	if err != nil {
+		return err
+	}
+	P, D, err := r.pick(nil)
+	if err != nil {
+		return err
+	}
+	m := r.s.metrics
+	name := r.rt.rule.Name
+	pr := r.bufferedLeg(r.s.ctx, P, pBody, r.rt.rule.Timeouts.Prefill.Std())
+	if pr.err != nil && !isCtxTimeout(pr.err) {
+		// One re-drive on another prefill endpoint for a connection failure.
+		m.retries.WithLabelValues(name).Inc()
+		P2, _, perr := r.pick(P)
+		if perr == nil && P2 != P {
+			P = P2
+			pr = r.bufferedLeg(r.s.ctx, P, pBody, r.rt.rule.Timeouts.Prefill.Std())
+		}
+	}
+	m.pdPrefillDuration.WithLabelValues(name).Observe(pr.dur.Seconds())
+	if pr.err != nil {
+		m.pdRequests.WithLabelValues(name, "prefill", pdStatus(r.prefillErr(P, pr.err))).Inc()
+		return r.prefillErr(P, pr.err)
+	}
+	var kvParams []byte
+	switch {
+	case pr.status >= 400 && pr.status < 500:
+		// The request itself is at fault: the decode would refuse it too.
+		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
+		r.route = "pd-vllm prefill-rejected"
+		r.relayVerbatim(P, pr)
+		return nil
+	case pr.status >= 500:
+		// The decode recomputes the prompt: slower, but the client is
+		// served; the 5xx streak demotes the prefill endpoint.
+		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
+		r.route = "pd-vllm prefill-5xx recompute"
+	default:
+		m.pdRequests.WithLabelValues(name, "prefill", "success").Inc()
+		var p fastjson.Parser
+		if v, err := p.ParseBytes(pr.body); err == nil {
+			if kv := v.Get("kv_transfer_params"); kv != nil && kv.Type() == fastjson.TypeObject {
+				kvParams = kv.MarshalTo(nil)
+			}
+		}
+		if kvParams == nil {
+			r.route = "pd-vllm kv-params-missing recompute"
+		} else {
+			r.route = "pd-vllm"
+		}
+	}
+	outcome := "found"
+	if kvParams == nil {
+		outcome = "missing"
+	}
+	m.pdKVParams.WithLabelValues(name, outcome).Inc()
+	dBody := r.body
+	if kvParams != nil {
+		if dBody, err = rewrite(r.body, func(v *fastjson.Value, a *fastjson.Arena) {
+			var p fastjson.Parser
+			kv, _ := p.ParseBytes(kvParams)
+			v.Set("kv_transfer_params", kv)
+		}); err != nil {
+			return err
+		}
+	}
+	r.route += " prefill=" + P.ID
+	return r.decodeLeg(D, dBody)
+}
+
+// serveSGLang is SGLang's concurrent dispatch: the same body, carrying the
+// prefill's bootstrap address and a fresh room, goes to both legs at once;
+// the decode answers the client. A prefill connection failure before any
+// decode byte gets one retry with a fresh pair and room.
+func (r *pdRequest) serveSGLang() error {
+	var exclude *upstream.Endpoint
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		P, D, err := r.pick(exclude)
+		if err != nil {
+			if lastErr != nil {
+				return lastErr // no other prefill to retry on: report the real failure
+			}
+			return err
+		}
+		err, retry := r.sglangPair(P, D)
+		if retry && attempt == 0 {
+			r.s.metrics.retries.WithLabelValues(r.rt.rule.Name).Inc()
+			exclude, lastErr = P, err
+			continue
+		}
+		return err
+	}
+}
+
+// bracketHost writes an IPv6 literal in brackets, as SGLang expects.
+func bracketHost(h string) string {
+	if strings.Contains(h, ":") && !strings.HasPrefix(h, "[") {
+		return "[" + h + "]"
+	}
+	return h
+}
+
+// sglangPair runs one (prefill, decode, room) attempt. retry reports a
+// prefill connection failure before any decode byte reached the client.
+func (r *pdRequest) sglangPair(P, D *upstream.Endpoint) (err error, retry bool) {
+	name := r.rt.rule.Name
+	m := r.s.metrics
+	room := rand.Uint64() & (1<<63 - 1)
+	port := r.pd.bootPort
+	for _, e := range r.rt.rule.Endpoints {
+		if e.ID == P.ID && e.BootstrapPort != 0 {
+			port = e.BootstrapPort
+		}
+	}
+	body, err := rewrite(r.body, func(v *fastjson.Value, a *fastjson.Arena) {
+		v.Set("bootstrap_host", a.NewString(bracketHost(P.Host)))
+		v.Set("bootstrap_port", a.NewNumberInt(port))
+		v.Set("bootstrap_room", a.NewNumberString(strconv.FormatUint(room, 10)))
+	})
+	if err != nil {
+		return err, false
+	}
+	r.route = "pd-sglang prefill=" + P.ID + " room=" + strconv.FormatUint(room, 10)
+
+	legsCtx, cancelLegs := context.WithCancel(r.s.ctx)
+	prefillDone := make(chan legResult, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		prefillDone <- r.bufferedLeg(legsCtx, P, body, r.rt.rule.Timeouts.Prefill.Std())
+	}()
+	dl := r.startDecode(legsCtx, D, body)
+	var pr legResult
+	select {
+	case pr = <-prefillDone:
+	case <-dl.headers:
+		// The decode answered first; its bytes wait until the prefill's
+		// status is known, so a prefill rejection can still be relayed.
+		pr = <-prefillDone
+	}
+	m.pdPrefillDuration.WithLabelValues(name).Observe(pr.dur.Seconds())
+	fail := func(e error) (error, bool) {
+		cancelLegs()
+		dl.abandon()
+		wg.Wait()
+		return e, false
+	}
+	switch {
+	case pr.err != nil && !isCtxTimeout(pr.err) && !dl.sentAny():
+		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
+		cancelLegs()
+		dl.abandon()
+		wg.Wait()
+		return r.prefillErr(P, pr.err), true
+	case pr.err != nil:
+		m.pdRequests.WithLabelValues(name, "prefill", pdStatus(r.prefillErr(P, pr.err))).Inc()
+		return fail(r.prefillErr(P, pr.err))
+	case pr.status >= 400 && pr.status < 500:
+		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
+		_, _ = fail(nil)
+		r.route += " prefill-rejected"
+		r.relayVerbatim(P, pr)
+		return nil, false
+	case pr.status >= 500:
+		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
+		return fail(fmt.Errorf("%w: prefill endpoint %s answered %d before the decode produced output", ErrPDPrefillFailed, P.ID, pr.status))
+	}
+	m.pdRequests.WithLabelValues(name, "prefill", "success").Inc()
+	wg.Wait()
+	return r.finishDecode(dl, cancelLegs), false
+}
+
+// serveTRT is TensorRT-LLM's context-then-generation hand-off with
+// disaggregated_params.
+func (r *pdRequest) serveTRT() error {
+	name := r.rt.rule.Name
+	m := r.s.metrics
+	disaggID := rand.Int64() & (1<<63 - 1)
+	cBody, err := rewrite(r.body, func(v *fastjson.Value, a *fastjson.Arena) {
+		v.Set("stream", a.NewFalse())
+		v.Del("stream_options")
+		dp := a.NewObject()
+		dp.Set("request_type", a.NewString("context_only"))
+		dp.Set("disagg_request_id", a.NewNumberString(strconv.FormatInt(disaggID, 10)))
+		v.Set("disaggregated_params", dp)
+	})
+	if err != nil {
+		return err
+	}
+	P, D, err := r.pick(nil)
+	if err != nil {
+		return err
+	}
+	cr := r.bufferedLeg(r.s.ctx, P, cBody, r.rt.rule.Timeouts.Prefill.Std())
+	if cr.err != nil && !isCtxTimeout(cr.err) {
+		m.retries.WithLabelValues(name).Inc()
+		if P2, _, perr := r.pick(P); perr == nil && P2 != P {
+			P = P2
+			cr = r.bufferedLeg(r.s.ctx, P, cBody, r.rt.rule.Timeouts.Prefill.Std())
+		}
+	}
+	m.pdPrefillDuration.WithLabelValues(name).Observe(cr.dur.Seconds())
+	if cr.err != nil {
+		m.pdRequests.WithLabelValues(name, "prefill", pdStatus(r.prefillErr(P, cr.err))).Inc()
+		return r.prefillErr(P, cr.err)
+	}
+	r.route = "pd-trtllm context=" + P.ID
+	var params []byte
+	switch {
+	case cr.status >= 400 && cr.status < 500:
+		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
+		r.route += " context-rejected"
+		r.relayVerbatim(P, cr)
+		return nil
+	case cr.status >= 500:
+		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
+		r.route += " context-5xx recompute"
+	default:
+		m.pdRequests.WithLabelValues(name, "prefill", "success").Inc()
+		var p fastjson.Parser
+		v, perr := p.ParseBytes(cr.body)
+		if perr != nil {
+			r.route += " context-unparsable recompute"
+			break
+		}
+		c0 := v.Get("choices", "0")
+		if c0 == nil {
+			r.route += " context-no-choice recompute"
+			break
+		}
+		if fr := c0.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
+			if s := string(fr.GetStringBytes()); s != "length" && s != "not_finished" {
+				// The whole answer fit in the context phase: relay it.
+				c0.Del("disaggregated_params")
+				m.pdEarlyExit.WithLabelValues(name).Inc()
+				r.route += " early-exit"
+				r.relayEarly(P, cr, v.MarshalTo(nil))
+				return nil
+			}
+		}
+		if dp := c0.Get("disaggregated_params"); dp != nil && dp.Type() == fastjson.TypeObject {
+			var a fastjson.Arena
+			dp.Set("request_type", a.NewString("generation_only"))
+			params = dp.MarshalTo(nil)
+		} else {
+			r.route += " params-missing recompute"
+		}
+	}
+	outcome := "found"
+	if params == nil {
+		outcome = "missing"
+	}
+	m.pdKVParams.WithLabelValues(name, outcome).Inc()
+	gBody := r.body
+	if params != nil {
+		if gBody, err = rewrite(r.body, func(v *fastjson.Value, a *fastjson.Arena) {
+			var p fastjson.Parser
+			dp, _ := p.ParseBytes(params)
+			v.Set("disaggregated_params", dp)
+		}); err != nil {
+			return err
+		}
+	}
+	return r.decodeLeg(D, gBody)
+}
+
+// relayEarly answers with a finished context response: JSON as is, or for a
+// streaming client one SSE event carrying it, then [DONE].
+func (r *pdRequest) relayEarly(P *upstream.Endpoint, cr legResult, body []byte) {
+	r.ctx.Response.Header.Set("X-Llmgw-Endpoint", P.ID)
+	r.ctx.Response.Header.Set("X-Llmgw-Route", r.route)
+	r.ctx.SetStatusCode(cr.status)
+	if r.stream {
+		r.ctx.SetContentType("text/event-stream")
+		out := make([]byte, 0, len(body)+32)
+		out = append(out, "data: "...)
+		out = append(out, body...)
+		out = append(out, "\n\ndata: [DONE]\n\n"...)
+		r.ctx.SetBody(out)
+	} else {
+		r.ctx.SetContentType("application/json")
+		r.ctx.SetBody(body)
+	}
+	r.s.metrics.requests.WithLabelValues(r.rt.rule.Name, P.ID, statusLabel(cr.status)).Inc()
+	r.s.metrics.pdRequests.WithLabelValues(r.rt.rule.Name, "complete", "success").Inc()
+}
+
+// decodeLeg sends the decode (generation) leg and relays it.
+func (r *pdRequest) decodeLeg(D *upstream.Endpoint, body []byte) error {
+	ctx, cancel := context.WithCancel(r.s.ctx)
+	dl := r.startDecode(ctx, D, body)
+	return r.finishDecode(dl, cancel)
+}
+
+// decodeLegState is a decode leg in flight: its response headers arrive on
+// headers; bytes are relayed only by finishDecode.
+type decodeLegState struct {
+	r       *pdRequest
+	ep      *upstream.Endpoint
+	release func()
+	headers chan struct{}
+	resp    *http.Response
+	err     error
+	timer   *time.Timer
+	cancel  context.CancelFunc
+	t0      time.Time
+	mu      sync.Mutex
+	sent    bool
+	done    chan struct{}
+}
+
+func (r *pdRequest) startDecode(parent context.Context, D *upstream.Endpoint, body []byte) *decodeLegState {
+	ctx, cancel := context.WithCancel(parent)
+	dl := &decodeLegState{r: r, ep: D, release: D.Acquire(), headers: make(chan struct{}), cancel: cancel, t0: time.Now(), done: make(chan struct{})}
+	// The first-byte bound, then (reset per read) the idle bound.
+	dl.timer = time.AfterFunc(r.rt.rule.Timeouts.FirstByte.Std(), cancel)
+	go func() {
+		defer close(dl.done)
+		dl.resp, dl.err = r.sendLeg(ctx, D, body)
+		close(dl.headers)
+	}()
+	return dl
+}
+
+func (dl *decodeLegState) sentAny() bool {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	return dl.sent
+}
+
+// abandon cancels the decode leg and frees it.
+func (dl *decodeLegState) abandon() {
+	dl.cancel()
+	<-dl.done
+	dl.timer.Stop()
+	if dl.resp != nil {
+		dl.resp.Body.Close()
+	}
+	dl.release()
+}
+
+// finishDecode waits for the decode's headers and relays its body to the
+// client; cancelAll ends every leg of the request when the relay ends.
+func (r *pdRequest) finishDecode(dl *decodeLegState, cancelAll context.CancelFunc) error {
+	name := r.rt.rule.Name
+	m := r.s.metrics
+	<-dl.done
+	if dl.err != nil {
+		timedOut := !dl.timer.Stop() // the timer fired: first-byte timeout
+		dl.release()
+		cancelAll()
+		m.pdRequests.WithLabelValues(name, "decode", "error").Inc()
+		if timedOut || isCtxTimeout(dl.err) {
+			return fmt.Errorf("%w: decode endpoint %s (%s) sent nothing within %s", ErrPDDecodeTimeout, dl.ep.ID, dl.ep.Addr, r.rt.rule.Timeouts.FirstByte.Std())
+		}
+		return fmt.Errorf("%w: decode endpoint %s (%s): %v", ErrPDDecodeDied, dl.ep.ID, dl.ep.Addr, dl.err)
+	}
+	ttfb := time.Since(dl.t0)
+	m.pdDecodeTTFT.WithLabelValues(name).Observe(ttfb.Seconds())
+	idle := r.rt.rule.Timeouts.Idle.Std()
+	dl.timer.Reset(idle)
+	resp := dl.resp
+	copyHeaders(r.ctx, resp.Header)
+	r.ctx.SetStatusCode(resp.StatusCode)
+	r.ctx.Response.Header.Set("X-Llmgw-Endpoint", dl.ep.ID)
+	r.ctx.Response.Header.Set("X-Llmgw-Route", r.route)
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	finish := func(code int, err error) {
+		dl.timer.Stop()
+		resp.Body.Close()
+		dl.release()
+		cancelAll()
+		status := "success"
+		if err != nil {
+			status = pdStatus(err)
+		}
+		m.pdRequests.WithLabelValues(name, "decode", status).Inc()
+		m.pdRequests.WithLabelValues(name, "complete", status).Inc()
+		m.observe(name, dl.ep.ID, code, time.Since(r.start), time.Since(dl.t0), ttfb)
+	}
+	if !sse {
+		data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		if err != nil {
+			finish(fasthttp.StatusBadGateway, err)
+			if b := dl.ep.Breaker(); b != nil {
+				b.RecordConnFailure()
+			}
+			r.ctx.Response.ResetBody()
+			r.ctx.Response.Header.Del("X-Llmgw-Endpoint")
+			return fmt.Errorf("%w: decode endpoint %s: reading its answer: %v", ErrPDDecodeDied, dl.ep.ID, err)
+		}
+		r.ctx.SetBody(data)
+		finish(resp.StatusCode, nil)
+		return nil
+	}
+	r.ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		bp := relayBufPool.Get().(*[]byte)
+		buf := *bp
+		defer relayBufPool.Put(bp)
+		var tail [len("data: [DONE]")]byte
+		sawDone, clientGone := false, false
+		var upErr error
+		for {
+			n, err := resp.Body.Read(buf)
+			if n > 0 {
+				dl.timer.Reset(idle)
+				dl.mu.Lock()
+				dl.sent = true
+				dl.mu.Unlock()
+				if !sawDone {
+					sawDone = containsAcross(tail[:], buf[:n], doneMarker)
+				}
+				if _, werr := w.Write(buf[:n]); werr != nil || w.Flush() != nil {
+					clientGone = true
+					break
+				}
+			}
+			if err != nil {
+				if err != io.EOF {
+					upErr = err
+				}
+				break
+			}
+		}
+		stalled := !dl.timer.Stop() && upErr != nil
+		var ferr error
+		switch {
+		case clientGone:
+			m.clientCancels.WithLabelValues(name).Inc()
+		case upErr != nil:
+			ferr = fmt.Errorf("%w: decode endpoint %s: %v", ErrPDDecodeDied, dl.ep.ID, upErr)
+			if stalled {
+				ferr = fmt.Errorf("%w: decode endpoint %s sent nothing for %s", ErrPDDecodeStalled, dl.ep.ID, idle)
+			}
+			if b := dl.ep.Breaker(); b != nil {
+				b.RecordConnFailure()
+			}
+			if !sawDone {
+				_, _ = w.Write(sseErrorEvent(ferr))
+				_ = w.Flush()
+			}
+			m.streamErrors.WithLabelValues(name, dl.ep.ID).Inc()
+		}
+		finish(resp.StatusCode, ferr)
+	})
+	return nil
+}

@@ -1,0 +1,284 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/sim"
+)
+
+func startSimT(t *testing.T, cfg sim.Config) *sim.Sim {
+	t.Helper()
+	if cfg.KVEvents == "" {
+		cfg.KVEvents = sim.KVEventsOff
+	}
+	if cfg.Model == "" {
+		cfg.Model = "m"
+	}
+	if cfg.PrefillPerToken == 0 {
+		cfg.PrefillPerToken = time.Microsecond
+	}
+	s, err := sim.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("sim.Start: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func hostPort(t *testing.T, addr string) (string, int) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(p)
+	return h, n
+}
+
+// pdRule builds a P/D rule over prefill and decode sims.
+func pdRule(t *testing.T, name, model, engine string, prefill, decode []*sim.Sim, extra string) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "name: %s\nmodel_name: %s\nkvEngineType: %s\npd_disagg_mode: true\nprobe: {disabled: true}\n%s\nendpoints:\n", name, model, engine, extra)
+	for i, s := range prefill {
+		h, p := hostPort(t, s.Addrs().HTTP)
+		line := fmt.Sprintf("  - {id: p%d, endpointIP: %s, targetPort: %d, ep_role: 1", i+1, h, p)
+		if engine == "sglang" {
+			_, bp := hostPort(t, s.Addrs().Bootstrap)
+			line += fmt.Sprintf(", bootstrapPort: %d", bp)
+		}
+		sb.WriteString(line + "}\n")
+	}
+	for i, s := range decode {
+		h, p := hostPort(t, s.Addrs().HTTP)
+		fmt.Fprintf(&sb, "  - {id: d%d, endpointIP: %s, targetPort: %d, ep_role: 2}\n", i+1, h, p)
+	}
+	return sb.String()
+}
+
+func TestPDHandOffPerEngine(t *testing.T) {
+	for _, engine := range []engines.Kind{engines.VLLM, engines.SGLang, engines.TRTLLM} {
+		for _, stream := range []bool{false, true} {
+			name := fmt.Sprintf("%s stream=%v", engine, stream)
+			t.Run(name, func(t *testing.T) {
+				p := startSimT(t, sim.Config{Engine: engine, Role: sim.RolePrefill})
+				d := startSimT(t, sim.Config{Engine: engine, Role: sim.RoleDecode})
+				s := startGateway(t, "", nil)
+				mustApply(t, s, pdRule(t, "pd", "m", string(engine), []*sim.Sim{p}, []*sim.Sim{d}, ""))
+				c := newClient(t)
+				body := fmt.Sprintf(`{"model":"m","stream":%v,"max_tokens":8,"messages":[{"role":"user","content":"%s"}]}`, stream, strings.Repeat("tell me about disaggregation ", 8))
+				resp, out := post(t, c, "http://"+s.Addr()+"/v1/chat/completions", body, "X-Request-Id", "pd-req-1")
+				if resp.StatusCode != 200 {
+					t.Fatalf("status %d: %s", resp.StatusCode, out)
+				}
+				if stream != strings.HasPrefix(out, "data: ") {
+					t.Errorf("stream=%v but body starts %q", stream, out[:min(len(out), 40)])
+				}
+				if stream && !strings.HasSuffix(out, "data: [DONE]\n\n") {
+					t.Errorf("stream does not end with [DONE]: %q", out[max(0, len(out)-60):])
+				}
+				if resp.Header.Get("X-Llmgw-Endpoint") != "d1" {
+					t.Errorf("answer from %q; want the decode d1", resp.Header.Get("X-Llmgw-Endpoint"))
+				}
+				pr, dr := p.Receipts(), d.Receipts()
+				if len(pr) != 1 || len(dr) != 1 {
+					t.Fatalf("receipts: prefill %d, decode %d; want 1 each", len(pr), len(dr))
+				}
+				if pr[0].RequestID != "pd-req-1" || dr[0].RequestID != "pd-req-1" {
+					t.Errorf("request ids: prefill %q decode %q; want both pd-req-1", pr[0].RequestID, dr[0].RequestID)
+				}
+				if pr[0].Stream && engine != engines.SGLang {
+					// SGLang's legs carry the same body; the others'
+					// prefill legs are always non-streaming.
+					t.Errorf("the prefill leg streamed")
+				}
+				switch engine {
+				case engines.VLLM:
+					if pr[0].MaxTokens != 1 {
+						t.Errorf("prefill max_tokens = %d; want 1", pr[0].MaxTokens)
+					}
+					if len(dr[0].KVTransferParams) == 0 || dr[0].RemotePrefillTokens == 0 {
+						t.Errorf("decode got kv_transfer_params %s, remote tokens %d; want the prefill's", dr[0].KVTransferParams, dr[0].RemotePrefillTokens)
+					}
+					var in, out map[string]any
+					json.Unmarshal(dr[0].KVTransferParams, &in)
+					json.Unmarshal(pr[0].KVTransferParamsOut, &out)
+					if fmt.Sprint(in) != fmt.Sprint(out) {
+						t.Errorf("decode params %v differ from the prefill's %v", in, out)
+					}
+				case engines.SGLang:
+					if pr[0].Bootstrap == nil || dr[0].Bootstrap == nil || *pr[0].Bootstrap != *dr[0].Bootstrap {
+						t.Errorf("bootstrap triples differ: %+v vs %+v", pr[0].Bootstrap, dr[0].Bootstrap)
+					}
+					if dr[0].RemotePrefillTokens == 0 {
+						t.Errorf("decode did not receive the prefill's KV")
+					}
+				case engines.TRTLLM:
+					if !strings.Contains(string(pr[0].DisaggregatedParams), `"context_only"`) || !strings.Contains(string(dr[0].DisaggregatedParams), `"generation_only"`) {
+						t.Errorf("disaggregated_params: context %s, generation %s", pr[0].DisaggregatedParams, dr[0].DisaggregatedParams)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestPDVLLMAddsMaxTokensWhenAbsent(t *testing.T) {
+	p := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+	d := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+	s := startGateway(t, "", nil)
+	mustApply(t, s, pdRule(t, "pd", "m", "vllm", []*sim.Sim{p}, []*sim.Sim{d}, ""))
+	c := newClient(t)
+	resp, out := post(t, c, "http://"+s.Addr()+"/v1/completions", `{"model":"m","prompt":"`+strings.Repeat("x ", 100)+`","stream":true,"stream_options":{"include_usage":true}}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, out)
+	}
+	if r := p.Receipts(); len(r) != 1 || r[0].MaxTokens != 1 || r[0].Stream {
+		t.Errorf("prefill receipt %+v; want max_tokens 1 and no stream", r)
+	}
+}
+
+func TestPDLegFailures(t *testing.T) {
+	type tc struct {
+		name       string
+		engine     engines.Kind
+		setup      func(t *testing.T, p, d *sim.Sim) (prefillAddr, decodeAddr string)
+		wantStatus int
+		wantCode   string
+	}
+	faults := func(t *testing.T, s *sim.Sim, patch string) {
+		c := newClient(t)
+		resp, body := post(t, c, "http://"+s.Addrs().HTTP+"/_sim/faults", patch)
+		if resp.StatusCode != 200 {
+			t.Fatalf("faults: %d %s", resp.StatusCode, body)
+		}
+	}
+	dead := func(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", deadPort(t)) }
+	cases := []tc{
+		{"vllm prefill 5xx recomputes", engines.VLLM, func(t *testing.T, p, d *sim.Sim) (string, string) {
+			faults(t, p, `{"error_rate":1}`)
+			return p.Addrs().HTTP, d.Addrs().HTTP
+		}, 200, ""},
+		{"vllm prefill unreachable", engines.VLLM, func(t *testing.T, p, d *sim.Sim) (string, string) { return dead(t), d.Addrs().HTTP }, 502, "pd_prefill_failed"},
+		{"vllm decode unreachable", engines.VLLM, func(t *testing.T, p, d *sim.Sim) (string, string) { return p.Addrs().HTTP, dead(t) }, 502, "pd_decode_backend_died"},
+		{"sglang prefill 5xx", engines.SGLang, func(t *testing.T, p, d *sim.Sim) (string, string) {
+			faults(t, p, `{"error_rate":1}`)
+			return p.Addrs().HTTP, d.Addrs().HTTP
+		}, 502, "pd_prefill_failed"},
+		{"sglang prefill unreachable", engines.SGLang, func(t *testing.T, p, d *sim.Sim) (string, string) { return dead(t), d.Addrs().HTTP }, 502, "pd_prefill_failed"},
+		{"sglang decode unreachable", engines.SGLang, func(t *testing.T, p, d *sim.Sim) (string, string) { return p.Addrs().HTTP, dead(t) }, 502, ""},
+		{"trtllm context 5xx recomputes", engines.TRTLLM, func(t *testing.T, p, d *sim.Sim) (string, string) {
+			faults(t, p, `{"error_rate":1}`)
+			return p.Addrs().HTTP, d.Addrs().HTTP
+		}, 200, ""},
+		{"trtllm generation unreachable", engines.TRTLLM, func(t *testing.T, p, d *sim.Sim) (string, string) { return p.Addrs().HTTP, dead(t) }, 502, "pd_decode_backend_died"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startSimT(t, sim.Config{Engine: tc.engine, Role: sim.RolePrefill, RendezvousTimeout: 2 * time.Second})
+			d := startSimT(t, sim.Config{Engine: tc.engine, Role: sim.RoleDecode, RendezvousTimeout: 2 * time.Second})
+			pa, da := tc.setup(t, p, d)
+			ph, pp := hostPort(t, pa)
+			dh, dp := hostPort(t, da)
+			boot := ""
+			if tc.engine == engines.SGLang {
+				_, bp := hostPort(t, p.Addrs().Bootstrap)
+				boot = fmt.Sprintf(", bootstrapPort: %d", bp)
+			}
+			y := fmt.Sprintf("name: pd\nmodel_name: m\nkvEngineType: %s\npd_disagg_mode: true\nprobe: {disabled: true}\ntimeouts: {prefill: 5s, first_byte: 5s}\nendpoints:\n  - {id: p1, endpointIP: %s, targetPort: %d, ep_role: 1%s}\n  - {id: d1, endpointIP: %s, targetPort: %d, ep_role: 2}\n", tc.engine, ph, pp, boot, dh, dp)
+			s := startGateway(t, "", nil)
+			mustApply(t, s, y)
+			c := newClient(t)
+			start := time.Now()
+			resp, out := post(t, c, "http://"+s.Addr()+"/v1/chat/completions", `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hello there"}]}`)
+			if resp.StatusCode != tc.wantStatus {
+				t.Fatalf("status %d (%s); want %d", resp.StatusCode, out, tc.wantStatus)
+			}
+			if tc.wantCode != "" {
+				var e apiError
+				if json.Unmarshal([]byte(out), &e); e.Error.Code != tc.wantCode {
+					t.Errorf("code %q (%s); want %q", e.Error.Code, out, tc.wantCode)
+				}
+			}
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("took %v: a failing leg must not hang the request", took)
+			}
+			rt := s.rules["pd"]
+			eventually(t, 5*time.Second, "legs to be released", func() bool { return rt.inFlight() == 0 })
+		})
+	}
+}
+
+func TestPDBreakerOpensOnBadPrefillTrafficContinues(t *testing.T) {
+	bad := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+	good := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+	d1 := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+	d2 := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+	c := newClient(t)
+	if resp, b := post(t, c, "http://"+bad.Addrs().HTTP+"/_sim/faults", `{"error_rate":1}`); resp.StatusCode != 200 {
+		t.Fatal(b)
+	}
+	s := startGateway(t, "", nil)
+	mustApply(t, s, pdRule(t, "pd", "m", "vllm", []*sim.Sim{bad, good}, []*sim.Sim{d1, d2}, "cb: {open_for: 1h}"))
+	for i := 0; i < 12; i++ {
+		resp, out := post(t, c, "http://"+s.Addr()+"/v1/completions", fmt.Sprintf(`{"model":"m","prompt":"request %d","max_tokens":2}`, i))
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, out)
+		}
+	}
+	st, _ := s.Rule("pd")
+	if st.Status.Endpoints[0].Breaker != "open" {
+		t.Errorf("bad prefill breaker %q; want open", st.Status.Endpoints[0].Breaker)
+	}
+	badN, goodN := len(bad.Receipts()), len(good.Receipts())
+	if badN != 3 || goodN != 9 {
+		t.Errorf("prefill receipts bad=%d good=%d; want 3 (then demoted) and 9", badN, goodN)
+	}
+	// Both decodes served (least in-flight with rotation).
+	if len(d1.Receipts()) == 0 || len(d2.Receipts()) == 0 {
+		t.Errorf("decode spread %d/%d; want both used", len(d1.Receipts()), len(d2.Receipts()))
+	}
+	if !st.Status.Ready {
+		t.Errorf("rule not ready with one good prefill and two decodes")
+	}
+}
+
+func TestPDTRTEarlyExit(t *testing.T) {
+	// A context server whose single token ended the answer (EOS): the
+	// gateway relays it and never calls the generation server.
+	ctxSrv := newBackend(t, "ctx", func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop","disaggregated_params":{"request_type":"context_only","first_gen_tokens":[9],"ctx_request_id":1,"encoded_opaque_state":"e30="}}]}`)
+	})
+	d := startSimT(t, sim.Config{Engine: engines.TRTLLM, Role: sim.RoleDecode})
+	s := startGateway(t, "", nil)
+	dh, dp := hostPort(t, d.Addrs().HTTP)
+	mustApply(t, s, fmt.Sprintf("name: pd\nmodel_name: m\nkvEngineType: trtllm\npd_disagg_mode: true\nprobe: {disabled: true}\nendpoints:\n  - {id: c1, endpointIP: 127.0.0.1, targetPort: %d, ep_role: 1}\n  - {id: g1, endpointIP: %s, targetPort: %d, ep_role: 2}\n", ctxSrv.port(), dh, dp))
+	c := newClient(t)
+	for _, stream := range []bool{true, false} {
+		resp, out := post(t, c, "http://"+s.Addr()+"/v1/chat/completions", fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, stream))
+		if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("X-Llmgw-Route"), "early-exit") {
+			t.Fatalf("stream=%v: %d route %q %s", stream, resp.StatusCode, resp.Header.Get("X-Llmgw-Route"), out)
+		}
+		if strings.Contains(out, "disaggregated_params") {
+			t.Errorf("early exit leaked disaggregated_params: %s", out)
+		}
+		if stream && (!strings.HasPrefix(out, "data: {") || !strings.HasSuffix(out, "\n\ndata: [DONE]\n\n") || strings.Count(out, "data: ") != 2) {
+			t.Errorf("early exit SSE = %q; want one event then [DONE]", out)
+		}
+		if !stream && !strings.HasPrefix(out, `{"id":"chatcmpl-1"`) {
+			t.Errorf("early exit JSON = %q", out)
+		}
+	}
+	if n := len(d.Receipts()); n != 0 {
+		t.Errorf("generation server got %d requests after early exits; want 0", n)
+	}
+}
