@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
@@ -165,25 +166,25 @@ func qwenPieceEnd(s string, i int) int {
 // Case-insensitive matching uses Unicode simple case folding, under which
 // U+017F (long s) is an 's'.
 func contractionLen(s string) int {
-	c := s[0] | 0x20 // ASCII lower case; non-letters are rejected below
-	switch {
-	case s[0] >= 0x80:
-		if len(s) >= 2 && s[0] == 0xC5 && s[1] == 0xBF { // U+017F
+	if strings.HasPrefix(s, "\u017f") {
+		return len("\u017f")
+	}
+	if !isASCIILetter(s[0]) {
+		return 0
+	}
+	second := func(want byte) int {
+		if len(s) >= 2 && isASCIILetter(s[1]) && s[1]|0x20 == want {
 			return 2
 		}
 		return 0
-	case c == 's' || c == 't' || c == 'm' || c == 'd':
-		if s[0] >= 'A' && s[0] <= 'z' && (s[0] <= 'Z' || s[0] >= 'a') {
-			return 1
-		}
-		return 0
 	}
-	if len(s) < 2 || !isASCIILetter(s[0]) || !isASCIILetter(s[1]) {
-		return 0
-	}
-	c2 := s[1] | 0x20
-	if (c == 'r' && c2 == 'e') || (c == 'v' && c2 == 'e') || (c == 'l' && c2 == 'l') {
-		return 2
+	switch s[0] | 0x20 {
+	case 's', 't', 'm', 'd':
+		return 1
+	case 'r', 'v':
+		return second('e')
+	case 'l':
+		return second('l')
 	}
 	return 0
 }

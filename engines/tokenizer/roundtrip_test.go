@@ -263,3 +263,44 @@ func TestConcurrentUse(t *testing.T) {
 		t.Error(e)
 	}
 }
+
+// TestScannerEdgeCases pins the scanner's pieces on the pattern's subtle
+// alternatives and checks each against regexp2.
+func TestScannerEdgeCases(t *testing.T) {
+	rs, err := newRegexSplitter(qwenPattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		text string
+		want []string
+	}{
+		{"contractions any case", "I'M he'Ll we'rE they'VE it'S", []string{"I", "'M", " he", "'Ll", " we", "'rE", " they", "'VE", " it", "'S"}},
+		{"long s folds to s", "it'ſ", []string{"it", "'ſ"}},
+		{"not a contraction", "'x 'r 'l", []string{"'x", " '", "r", " '", "l"}},
+		{"apostrophe at end", "a'", []string{"a", "'"}},
+		{"spaces give one back", "a   b", []string{"a", "  ", " b"}},
+		{"trailing spaces kept whole", "a   ", []string{"a", "   "}},
+		{"newline run ends at last newline", "a \n \n  b", []string{"a", " \n \n", " ", " b"}},
+		{"punctuation takes newlines", "x!?\r\n\ny", []string{"x", "!?\r\n\n", "y"}},
+		{"space before punctuation", "a ..b", []string{"a", " ..", "b"}},
+		{"digits one by one", "x2024", []string{"x", "2", "0", "2", "4"}},
+		{"tab leads a word", "\tfoo", []string{"\tfoo"}},
+		{"newline does not lead a word", "\nfoo", []string{"\n", "foo"}},
+		{"nbsp is whitespace", "a\u00a0\u00a0b", []string{"a", "\u00a0", "\u00a0b"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var got, viaRegex []string
+			qwenScanner{}.split(tc.text, func(p string) { got = append(got, p) })
+			rs.split(tc.text, func(p string) { viaRegex = append(viaRegex, p) })
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("scanner split(%q) = %q, want %q", tc.text, got, tc.want)
+			}
+			if !slices.Equal(viaRegex, tc.want) {
+				t.Errorf("regexp2 split(%q) = %q, want %q", tc.text, viaRegex, tc.want)
+			}
+		})
+	}
+}
