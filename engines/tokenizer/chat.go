@@ -8,10 +8,14 @@ import (
 
 // JinjaRenderer renders a Hugging Face chat template (Jinja) with the
 // variables transformers' apply_chat_template passes: messages,
-// add_generation_prompt, tools (none), and the special-token strings that
+// add_generation_prompt, tools and documents (none), and the special-token
+// strings that
 // the tokenizer config sets (bos_token, eos_token, pad_token, unk_token;
 // an unset one is left undefined, as transformers does). Message content is
-// plain text: the caller flattens OpenAI content-part arrays first.
+// plain text: the caller flattens OpenAI content-part arrays first. The
+// library applies transformers' Jinja settings (trim_blocks and
+// lstrip_blocks on), which decide the whitespace of templates that do not
+// use "{%-".
 //
 // The compiled template is immutable; JinjaRenderer is safe for concurrent
 // use.
@@ -55,6 +59,7 @@ func (r *JinjaRenderer) RenderWith(msgs []Message, addGenerationPrompt bool, ext
 	data["messages"] = list
 	data["add_generation_prompt"] = addGenerationPrompt
 	data["tools"] = nil
+	data["documents"] = nil
 	for k, v := range extra {
 		data[k] = v
 	}

@@ -184,6 +184,14 @@ func TestChatRendererFromConfig(t *testing.T) {
 			want: "<s>[user]hi</s>[assistant]",
 		},
 		{
+			// transformers compiles templates with trim_blocks and
+			// lstrip_blocks: the newline after a block tag and the
+			// indentation before one are dropped.
+			name: "trim and lstrip blocks",
+			cfg:  map[string]any{"chat_template": "{% for m in messages %}\n  {{ m.content }}\n  {% endfor %}\n{% if documents is none and tools is none %}ok{% endif %}"},
+			want: "  hi\nok",
+		},
+		{
 			name: "named templates use default",
 			cfg: map[string]any{"chat_template": []any{
 				map[string]any{"name": "tool_use", "template": "tools"},

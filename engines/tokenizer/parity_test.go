@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -221,4 +222,51 @@ func countID(ids []uint32, id uint32) int {
 		}
 	}
 	return n
+}
+
+// TestQwen3TemplateMatchesJinja2 renders 40 generated conversations (system
+// or not, user/assistant/tool roles, <think> and <tool_response> content,
+// enable_thinking true/false/absent) with Qwen3's template and compares
+// with Python Jinja2 under transformers' settings, recorded in
+// testdata/qwen3_template_jinja2.json by gen_qwen3_template_cases.py.
+func TestQwen3TemplateMatchesJinja2(t *testing.T) {
+	tok := qwen3(t)
+	r, err := tok.ChatRenderer()
+	if err != nil {
+		t.Fatalf("ChatRenderer: %v", err)
+	}
+	jr, ok := r.(*JinjaRenderer)
+	if !ok {
+		t.Fatalf("ChatRenderer() is %T, want *JinjaRenderer", r)
+	}
+	data, err := os.ReadFile(filepath.Join("testdata", "qwen3_template_jinja2.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fx struct {
+		Cases []struct {
+			Name      string         `json:"name"`
+			Messages  []Message      `json:"messages"`
+			GenPrompt bool           `json:"add_generation_prompt"`
+			Kwargs    map[string]any `json:"kwargs"`
+			Rendered  string         `json:"rendered"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(data, &fx); err != nil {
+		t.Fatal(err)
+	}
+	if len(fx.Cases) != 40 {
+		t.Fatalf("got %d cases, want 40", len(fx.Cases))
+	}
+	for _, tc := range fx.Cases {
+		t.Run(tc.Name, func(t *testing.T) {
+			got, err := jr.RenderWith(tc.Messages, tc.GenPrompt, tc.Kwargs)
+			if err != nil {
+				t.Fatalf("RenderWith: %v", err)
+			}
+			if got != tc.Rendered {
+				t.Errorf("rendered\n got %q\nwant %q", got, tc.Rendered)
+			}
+		})
+	}
 }
