@@ -282,3 +282,104 @@ func TestPDTRTEarlyExit(t *testing.T) {
 		t.Errorf("generation server got %d requests after early exits; want 0", n)
 	}
 }
+
+func TestPDTimeoutsAndLifecycle(t *testing.T) {
+	faults := func(t *testing.T, s *sim.Sim, patch string) {
+		c := newClient(t)
+		if resp, body := post(t, c, "http://"+s.Addrs().HTTP+"/_sim/faults", patch); resp.StatusCode != 200 {
+			t.Fatalf("faults: %d %s", resp.StatusCode, body)
+		}
+	}
+	body := `{"model":"m","max_tokens":6,"stream":true,"messages":[{"role":"user","content":"hello"}]}`
+
+	t.Run("prefill timeout is 504 pd_prefill_timeout", func(t *testing.T) {
+		p := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+		d := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+		faults(t, p, `{"added_latency_ms":3000}`)
+		s := startGateway(t, "", nil)
+		mustApply(t, s, pdRule(t, "pd", "m", "vllm", []*sim.Sim{p}, []*sim.Sim{d}, "timeouts: {prefill: 200ms}"))
+		resp, out := post(t, newClient(t), "http://"+s.Addr()+"/v1/chat/completions", body)
+		if resp.StatusCode != 504 || !strings.Contains(out, `"pd_prefill_timeout"`) {
+			t.Errorf("%d %s; want 504 pd_prefill_timeout", resp.StatusCode, out)
+		}
+		if len(d.Receipts()) != 0 {
+			t.Errorf("the decode leg ran after a prefill timeout")
+		}
+	})
+	t.Run("decode first byte timeout is 504 pd_decode_timeout", func(t *testing.T) {
+		p := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+		d := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+		faults(t, d, `{"added_latency_ms":3000}`)
+		s := startGateway(t, "", nil)
+		mustApply(t, s, pdRule(t, "pd", "m", "vllm", []*sim.Sim{p}, []*sim.Sim{d}, "timeouts: {first_byte: 200ms}"))
+		resp, out := post(t, newClient(t), "http://"+s.Addr()+"/v1/chat/completions", body)
+		if resp.StatusCode != 504 || !strings.Contains(out, `"pd_decode_timeout"`) {
+			t.Errorf("%d %s; want 504 pd_decode_timeout", resp.StatusCode, out)
+		}
+	})
+	t.Run("decode stall mid-stream ends with pd_decode_stream_timeout", func(t *testing.T) {
+		p := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+		d := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode, DecodePerToken: 400 * time.Millisecond})
+		s := startGateway(t, "", nil)
+		mustApply(t, s, pdRule(t, "pd", "m", "vllm", []*sim.Sim{p}, []*sim.Sim{d}, "timeouts: {idle: 100ms}"))
+		resp, out := post(t, newClient(t), "http://"+s.Addr()+"/v1/chat/completions", body)
+		if resp.StatusCode != 200 || !strings.Contains(out, `"pd_decode_stream_timeout"`) || !strings.HasSuffix(out, "data: [DONE]\n\n") {
+			t.Errorf("%d %q; want a stream ending in a pd_decode_stream_timeout error event and [DONE]", resp.StatusCode, out)
+		}
+	})
+	t.Run("pools spread, drain and readiness", func(t *testing.T) {
+		p1 := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+		p2 := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+		d1 := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+		d2 := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+		s := startGateway(t, "", nil)
+		mustApply(t, s, pdRule(t, "pd", "m", "vllm", []*sim.Sim{p1, p2}, []*sim.Sim{d1, d2}, ""))
+		c := newClient(t)
+		url := "http://" + s.Addr() + "/v1/completions"
+		for i := 0; i < 8; i++ {
+			if resp, out := post(t, c, url, `{"model":"m","prompt":"x","max_tokens":2}`); resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, out)
+			}
+		}
+		for name, n := range map[string]int{"p1": len(p1.Receipts()), "p2": len(p2.Receipts()), "d1": len(d1.Receipts()), "d2": len(d2.Receipts())} {
+			if n != 4 {
+				t.Errorf("%s served %d of 8; want an even 4 (least in-flight with rotation)", name, n)
+			}
+		}
+		// Draining a prefill: new requests use the other one.
+		if err := s.SetDraining("pd", "p1", true); err != nil {
+			t.Fatal(err)
+		}
+		before := len(p1.Receipts())
+		for i := 0; i < 4; i++ {
+			post(t, c, url, `{"model":"m","prompt":"x","max_tokens":2}`)
+		}
+		if len(p1.Receipts()) != before {
+			t.Errorf("a drained prefill got new requests")
+		}
+		// No decode available: not ready, and 503 pd_pool_unavailable.
+		s.SetDraining("pd", "d1", true)
+		s.SetDraining("pd", "d2", true)
+		if st, _ := s.Rule("pd"); st.Status.Ready {
+			t.Errorf("rule ready with no decode available")
+		}
+		resp, out := post(t, c, url, `{"model":"m","prompt":"x","max_tokens":2}`)
+		if resp.StatusCode != 503 || !strings.Contains(out, "pd_pool_unavailable") {
+			t.Errorf("%d %s; want 503 pd_pool_unavailable", resp.StatusCode, out)
+		}
+	})
+	t.Run("a body too large to rewrite is refused before any leg", func(t *testing.T) {
+		p := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+		d := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+		s := startGateway(t, "", nil)
+		mustApply(t, s, pdRule(t, "pd", "m", "vllm", []*sim.Sim{p}, []*sim.Sim{d}, ""))
+		big := `{"model":"m","prompt":"` + strings.Repeat("z", pdMaxRewriteBytes) + `"}`
+		resp, out := post(t, newClient(t), "http://"+s.Addr()+"/v1/completions", big)
+		if resp.StatusCode != 413 || !strings.Contains(out, "pd_body_too_large") {
+			t.Errorf("%d %.200s; want 413 pd_body_too_large", resp.StatusCode, out)
+		}
+		if len(p.Receipts())+len(d.Receipts()) != 0 {
+			t.Errorf("a leg was sent")
+		}
+	})
+}

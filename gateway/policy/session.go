@@ -2,6 +2,7 @@ package policy
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -14,7 +15,7 @@ import (
 // A request with a session value goes to the endpoint bound to that value
 // while the binding is live (used within SessionTTL; every use refreshes
 // it) and the endpoint is eligible. Otherwise the least in-flight eligible
-// endpoint (lowest Index on ties) is chosen and the binding is created or
+// endpoint (ties rotate from pick to pick) is chosen and the binding is created or
 // moved to it. In particular the single retry, which excludes the endpoint
 // that just failed, rebinds the session to the endpoint that served it.
 // A request without a session value goes to the least in-flight endpoint.
@@ -33,6 +34,10 @@ type session struct {
 	mask   uint64 // len(shards)-1; len is a power of two
 	shards []sessionShard
 	index  map[string]int32 // endpoint ID -> position; read-only after construction
+	// next rotates the tie-break start among equally loaded endpoints, so
+	// sessions that start one after another on an idle pool spread instead
+	// of all binding to the first endpoint.
+	next atomic.Uint64
 }
 
 // sweepPerPick bounds the expiry work one pick does; any constant ≥ 2 drains
@@ -87,6 +92,15 @@ func newSession(cfg Config, eps []*upstream.Endpoint) *session {
 	return p
 }
 
+// start is the scan start for a least-loaded choice: rotating, so ties
+// spread deterministically for a given sequence of picks.
+func (p *session) start() int {
+	if len(p.eps) == 0 {
+		return 0
+	}
+	return rotation(p.next.Add(1)-1, len(p.eps))
+}
+
 func (p *session) shard(key []byte) *sessionShard {
 	return &p.shards[xxhash.Sum64(key)&p.mask]
 }
@@ -95,7 +109,7 @@ func (p *session) shard(key []byte) *sessionShard {
 // session value not in the table.
 func (p *session) Pick(req *Request) (Decision, error) {
 	if len(req.Session) == 0 {
-		i, ok := leastLoaded(p.eps, req.Exclude, 0, false)
+		i, ok := leastLoaded(p.eps, req.Exclude, p.start(), false)
 		if !ok {
 			return Decision{}, ErrNoEndpoint
 		}
@@ -117,7 +131,7 @@ func (p *session) Pick(req *Request) (Decision, error) {
 		}
 		reason = ReasonSessionRebound
 	}
-	i, ok := leastLoaded(p.eps, req.Exclude, 0, false)
+	i, ok := leastLoaded(p.eps, req.Exclude, p.start(), false)
 	if !ok {
 		// Keep any binding: its endpoint may come back.
 		return Decision{}, ErrNoEndpoint

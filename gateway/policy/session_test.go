@@ -50,16 +50,17 @@ func TestSessionSticky(t *testing.T) {
 }
 
 // TestSessionNewBindsLeastInFlight: new sessions go to the least in-flight
-// endpoint, lowest Index on ties.
+// endpoint; ties rotate, so sessions that start one after another on an idle
+// pool spread over it instead of all binding to the first endpoint.
 func TestSessionNewBindsLeastInFlight(t *testing.T) {
 	tests := []struct {
 		name     string
 		inflight []int
-		want     string
+		want     []string // for new sessions 0..4, in order
 	}{
-		{"idle: lowest index", []int{0, 0, 0}, "ep0"},
-		{"tie between ep1 and ep2", []int{4, 1, 1}, "ep1"},
-		{"unique minimum", []int{2, 3, 1}, "ep2"},
+		{"idle: ties rotate", []int{0, 0, 0}, []string{"ep0", "ep1", "ep2", "ep0", "ep1"}},
+		{"tie between ep1 and ep2 rotates", []int{4, 1, 1}, []string{"ep1", "ep1", "ep2", "ep1", "ep1"}},
+		{"unique minimum", []int{2, 3, 1}, []string{"ep2", "ep2", "ep2", "ep2", "ep2"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -68,10 +69,10 @@ func TestSessionNewBindsLeastInFlight(t *testing.T) {
 				hold(t, eps[i], n)
 			}
 			p := mustNew(t, Config{Sel: 3}, eps)
-			for i := range 5 { // distinct sessions, no acquire: same answer each time
+			for i := range 5 { // distinct sessions, no acquire: loads stay as set
 				d := mustPick(t, p, sessionReq(fmt.Sprint("s", i)))
-				if d.Endpoint.ID != tc.want || d.Reason != ReasonSessionNew {
-					t.Errorf("new session %d = %s (%v); want %s (session-new)", i, d.Endpoint.ID, d.Reason, tc.want)
+				if d.Endpoint.ID != tc.want[i] || d.Reason != ReasonSessionNew {
+					t.Errorf("new session %d = %s (%v); want %s (session-new)", i, d.Endpoint.ID, d.Reason, tc.want[i])
 				}
 			}
 		})
