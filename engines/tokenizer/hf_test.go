@@ -1,7 +1,10 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -30,6 +33,33 @@ func TestEncodeVectors(t *testing.T) {
 		t.Run(caseName(i, tc.Text), func(t *testing.T) {
 			got := tok.Encode(nil, tc.Text)
 			if !slices.Equal(got, tc.IDs) {
+				t.Errorf("Encode(%q)\n got %v\nwant %v", tc.Text, got, tc.IDs)
+			}
+		})
+	}
+}
+
+// TestEncodeMatchesPythonReference compares Encode with ids from an
+// independent Python reference (the slow transformers algorithm with the
+// `regex` module as the pre-tokenizer engine) on 300 pseudo-random texts
+// mixing scripts, emoji, contractions, digits, whitespace kinds, special
+// tokens and broken special tokens. See testdata/gen_qwen3_bpe_reference.py.
+func TestEncodeMatchesPythonReference(t *testing.T) {
+	tok := qwen3(t)
+	data, err := os.ReadFile(filepath.Join("testdata", "qwen3_bpe_reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fx encodeVectors
+	if err := json.Unmarshal(data, &fx); err != nil {
+		t.Fatal(err)
+	}
+	if len(fx.Cases) != 300 {
+		t.Fatalf("got %d cases, want 300", len(fx.Cases))
+	}
+	for i, tc := range fx.Cases {
+		t.Run(caseName(i, tc.Text), func(t *testing.T) {
+			if got := tok.Encode(nil, tc.Text); !slices.Equal(got, tc.IDs) {
 				t.Errorf("Encode(%q)\n got %v\nwant %v", tc.Text, got, tc.IDs)
 			}
 		})
