@@ -1,0 +1,99 @@
+package gateway
+
+import (
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/llmgw/llmgw/engines/tokenizer"
+)
+
+// sharedFixture finds a file under ../shared/fixtures (CI puts shared/
+// beside the project root).
+func sharedFixture(t *testing.T, rel string) string {
+	t.Helper()
+	dir, _ := os.Getwd()
+	for i := 0; i < 6; i++ {
+		p := filepath.Join(dir, "shared", "fixtures", rel)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		p = filepath.Join(dir, "..", "shared", "fixtures", rel)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		dir = filepath.Dir(dir)
+	}
+	t.Fatalf("fixture %s not found above %s", rel, dir)
+	return ""
+}
+
+// TestTokenCacheEqualsWholeEncoding: segment-by-segment encoding through the
+// cache gives exactly the ids of encoding the whole prompt, for the builtin
+// tokenizer and the real Qwen3 tokenizer, on chat prompts that repeat and
+// grow (so the cache is hit).
+func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
+	hf, err := tokenizer.LoadHF(sharedFixture(t, "tokenizers/Qwen__Qwen3/tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := hf.ChatRenderer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := []struct {
+		name   string
+		tok    tokenizer.Tokenizer
+		render tokenizer.Renderer
+	}{{"builtin", tokenizer.Builtin{}, tokenizer.ChatML{}}, {"qwen3", hf, r}}
+	rng := rand.New(rand.NewPCG(1, 2))
+	words := []string{"the", "cache", " kv", "prefix", "\n", "日本", "!!", "  ", "<|im_end|>", "x.[|", "123", "ünï"}
+	for _, tc := range toks {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTokenCache(64, tc.tok)
+			if tc.name == "qwen3" && !slices.Contains(c.markers, "<|im_start|>") {
+				t.Fatalf("markers %v lack <|im_start|>", c.markers)
+			}
+			var msgs []tokenizer.Message
+			for turn := 0; turn < 30; turn++ {
+				var b strings.Builder
+				for i := 0; i < 1+rng.IntN(12); i++ {
+					b.WriteString(words[rng.IntN(len(words))])
+				}
+				role := []string{"user", "assistant"}[turn%2]
+				if turn == 0 {
+					role = "system"
+				}
+				msgs = append(msgs, tokenizer.Message{Role: role, Content: b.String()})
+				text, err := tc.render.Render(msgs, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := tc.tok.Encode(nil, text)
+				got := c.encode(nil, text, tc.tok)
+				if !slices.Equal(got, want) {
+					t.Fatalf("turn %d: cached encoding differs\n text %q\n got  %v\n want %v", turn, text, got, want)
+				}
+			}
+			if c.hits == 0 {
+				t.Errorf("a growing conversation never hit the cache")
+			}
+			t.Logf("%s: %d hits, %d misses", tc.name, c.hits, c.miss)
+		})
+	}
+}
+
+func FuzzTokenCacheEqualsWhole(f *testing.F) {
+	f.Add("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+	f.Add("x.[|system|]y<|im_end|><|im_end|>")
+	f.Fuzz(func(t *testing.T, text string) {
+		c := newTokenCache(8, tokenizer.Builtin{})
+		want := tokenizer.Builtin{}.Encode(nil, text)
+		if got := c.encode(nil, text, tokenizer.Builtin{}); !slices.Equal(got, want) {
+			t.Fatalf("%q: %v != %v", text, got, want)
+		}
+	})
+}
