@@ -8,6 +8,8 @@ func subcommands(io *IOStreams) []*cobra.Command {
 		newServeCmd(io, nil),
 		newRuleCmd(io),
 		newSimCmd(io),
+		newProfilesCmd(io),
+		newResultsCmd(io),
 		newVersionCmd(io),
 	}
 }
