@@ -353,3 +353,13 @@ func FuzzLoadProfile(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkLoad measures decoding and validating the embedded catalog (done
+// once per command that needs it).
+func BenchmarkLoad(b *testing.B) {
+	for b.Loop() {
+		if _, err := Load(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -83,9 +83,9 @@ func workersKind(t Tuple) string {
 
 // oneLine turns tabs and line breaks into spaces, so a cell never breaks a
 // TSV line or a table row.
-func oneLine(s string) string {
-	return strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(s)
-}
+func oneLine(s string) string { return lineBreaks.Replace(s) }
+
+var lineBreaks = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ")
 
 // cells is one result row's column values, each on one line.
 func cells(r RunSummary) []string {
@@ -194,9 +194,9 @@ func WriteTable(w io.Writer, rows []RunSummary) error {
 }
 
 // mdEscape makes a cell safe inside a Markdown table.
-func mdEscape(s string) string {
-	return strings.NewReplacer("|", `\|`, "\n", " ", "\r", " ").Replace(s)
-}
+func mdEscape(s string) string { return mdCell.Replace(s) }
+
+var mdCell = strings.NewReplacer("|", `\|`, "\n", " ", "\r", " ")
 
 // WriteMarkdown writes a Markdown table with the verdict counts and the
 // simulated-workers note.
