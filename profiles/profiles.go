@@ -405,6 +405,17 @@ func (c *Catalog) BlockedTuples() []BlockedTuple {
 	return out
 }
 
+// Engine returns the profile's entry for engine (block size, hash algorithm,
+// blocked status, launch spec), deep-copied. An engine outside Engines() is
+// an error wrapping ErrUnknownEngine; a blocked tuple is returned without
+// error (check Blocked).
+func (p Profile) Engine(engine string) (EngineSpec, error) {
+	if _, ok := p.Engines[engine]; !ok || !slices.Contains(Engines(), engine) {
+		return EngineSpec{}, unknownEngine(engine)
+	}
+	return p.clone().Engines[engine], nil
+}
+
 // Launch returns the launch spec for engine, with Engine set and Image
 // defaulted from the catalog's version tuple. It fails with ErrUnknownEngine
 // for a name outside Engines() and with ErrBlocked for a blocked tuple.

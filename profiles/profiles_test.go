@@ -183,6 +183,35 @@ func TestGetUnknownListsValidIDs(t *testing.T) {
 	}
 }
 
+func TestProfileEngine(t *testing.T) {
+	c := mustLoad(t)
+	p, _ := c.Get("gemma-2-9b-it")
+	tests := []struct {
+		engine        string
+		wantBlockSize int
+		wantAlgo      string
+		wantBlocked   bool
+		wantErr       error
+	}{
+		{"vllm", 16, "sha256_cbor", false, nil},
+		{"sglang", 16, "sha256_sglang", false, nil},
+		{"trtllm", 32, "blockhash_trtllm", true, nil},
+		{"llamacpp", 0, "none", false, nil},
+		{"tgi", 0, "", false, ErrUnknownEngine},
+	}
+	for _, tc := range tests {
+		t.Run(tc.engine, func(t *testing.T) {
+			es, err := p.Engine(tc.engine)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("Engine(%s) error = %v; want %v", tc.engine, err, tc.wantErr)
+			}
+			if es.BlockSize != tc.wantBlockSize || es.HashAlgo != tc.wantAlgo || (es.Blocked != nil) != tc.wantBlocked {
+				t.Errorf("Engine(%s) = %d/%s blocked %v; want %d/%s blocked %v", tc.engine, es.BlockSize, es.HashAlgo, es.Blocked != nil, tc.wantBlockSize, tc.wantAlgo, tc.wantBlocked)
+			}
+		})
+	}
+}
+
 func TestProfilesAreCopies(t *testing.T) {
 	c := mustLoad(t)
 	p, _ := c.Get("qwen3-0.6b")

@@ -79,14 +79,23 @@ const SimulatedNote = "simulated workers: qualifies the gateway's behaviour, not
 
 // Errors callers classify with errors.Is.
 var (
-	ErrRunExists       = errors.New("results: run already exists")
-	ErrRunNotFound     = errors.New("results: no such run")
-	ErrRunIncomplete   = errors.New("results: run did not finish")
-	ErrBadRunID        = errors.New("results: invalid run id")
+	// ErrRunExists: the run ID was used before (directory or history).
+	ErrRunExists = errors.New("results: run already exists")
+	// ErrRunNotFound: no directory (Get, Verify) or history row for the ID.
+	ErrRunNotFound = errors.New("results: no such run")
+	// ErrRunIncomplete: the run directory has no run.json (never finished).
+	ErrRunIncomplete = errors.New("results: run did not finish")
+	// ErrBadRunID: the ID is not a single safe path component.
+	ErrBadRunID = errors.New("results: invalid run id")
+	// ErrBadEvidenceName: nothing usable was left after sanitising.
 	ErrBadEvidenceName = errors.New("results: invalid evidence name")
-	ErrEvidenceExists  = errors.New("results: evidence file already written")
-	ErrFinished        = errors.New("results: run already finished")
-	ErrInvalidRecord   = errors.New("results: invalid record")
+	// ErrEvidenceExists: evidence is write-once per cleaned name.
+	ErrEvidenceExists = errors.New("results: evidence file already written")
+	// ErrFinished: the RunWriter was already finished.
+	ErrFinished = errors.New("results: run already finished")
+	// ErrInvalidRecord: a tuple, step, lane, run.json or history line
+	// breaks the schema.
+	ErrInvalidRecord = errors.New("results: invalid record")
 )
 
 // Tuple identifies what a run qualified.
