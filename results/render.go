@@ -126,18 +126,18 @@ func anySimulated(rows []RunSummary) bool {
 // Simulated rows say so in the WORKERS column; the note itself is left to
 // the caller (on stderr), so the output stays pure data.
 func WriteTSV(w io.Writer, rows []RunSummary) error {
-	var b strings.Builder
-	b.WriteString(strings.Join(Columns, "\t") + "\n")
-	for _, r := range rows {
-		b.WriteString(strings.Join(cells(r), "\t") + "\n")
+	data := make([][]string, len(rows))
+	for i, r := range rows {
+		data[i] = cells(r)
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
+	return TSV(w, Columns, data)
 }
 
-// statusColor is the lipgloss colour of a status cell.
-func statusColor(s string) (lipgloss.Color, bool) {
-	switch Status(s) {
+// statusColor is the lipgloss colour of a cell whose first word is a
+// status ("PASS", "BLOCKED architecture_unsupported", ...).
+func statusColor(cell string) (lipgloss.Color, bool) {
+	first, _, _ := strings.Cut(cell, " ")
+	switch Status(first) {
 	case StatusPass:
 		return lipgloss.Color("2"), true
 	case StatusFail:
@@ -150,10 +150,11 @@ func statusColor(s string) (lipgloss.Color, bool) {
 	return "", false
 }
 
-// newTable builds a lipgloss table whose styles render for w: colour on a
-// terminal that supports it, plain characters otherwise (and under
-// NO_COLOR).
-func newTable(w io.Writer, headers []string, rows [][]string) *table.Table {
+// Table renders headers and rows as a bordered lipgloss table styled for w:
+// colour only when w is a colour terminal (never under NO_COLOR), plain
+// characters otherwise. Cells that start with a status word are coloured by
+// status. The result has no trailing newline.
+func Table(w io.Writer, headers []string, rows [][]string) string {
 	re := lipgloss.NewRenderer(w)
 	base := re.NewStyle().Padding(0, 1)
 	header := base.Bold(true)
@@ -172,7 +173,26 @@ func newTable(w io.Writer, headers []string, rows [][]string) *table.Table {
 				}
 			}
 			return base
-		})
+		}).
+		String()
+}
+
+// TSV writes headers and rows as tab-separated lines. Tabs and line breaks
+// inside cells become spaces, so every row stays one line.
+func TSV(w io.Writer, headers []string, rows [][]string) error {
+	var b strings.Builder
+	b.WriteString(strings.Join(headers, "\t") + "\n")
+	for _, r := range rows {
+		for i, c := range r {
+			if i > 0 {
+				b.WriteByte('\t')
+			}
+			b.WriteString(oneLine(c))
+		}
+		b.WriteByte('\n')
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 // WriteTable writes the rows as a lipgloss table (for terminals), followed
@@ -184,7 +204,7 @@ func WriteTable(w io.Writer, rows []RunSummary) error {
 		data[i] = cells(r)
 	}
 	var b strings.Builder
-	b.WriteString(newTable(w, Columns, data).String() + "\n")
+	b.WriteString(Table(w, Columns, data) + "\n")
 	b.WriteString(Tally(rows).String() + "\n")
 	if anySimulated(rows) {
 		b.WriteString(SimulatedNote + "\n")
@@ -368,16 +388,13 @@ func WriteRunDetail(w io.Writer, r *Run, tty bool) error {
 		}
 		data[i] = []string{st.Name, string(st.Status.Norm()), dash(st.ReasonCode), d, dash(st.Reason), dash(strings.Join(st.Evidence, ","))}
 		for j := range data[i] {
-			data[i][j] = oneLine(data[i][j])
+			data[i][j] = oneLine(data[i][j]) // lipgloss would wrap a row at a line break
 		}
 	}
 	if tty {
-		b.WriteString(newTable(w, headers, data).String() + "\n")
-	} else {
-		b.WriteString(strings.Join(headers, "\t") + "\n")
-		for _, row := range data {
-			b.WriteString(strings.Join(row, "\t") + "\n")
-		}
+		b.WriteString(Table(w, headers, data) + "\n")
+	} else if err := TSV(&b, headers, data); err != nil {
+		return err
 	}
 	if t.SimulatedWorkers {
 		b.WriteString(SimulatedNote + "\n")

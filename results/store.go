@@ -296,7 +296,7 @@ func (w *RunWriter) Finish() (RunSummary, error) {
 		return RunSummary{}, fmt.Errorf("results: encode %s: %w", runFile, err)
 	}
 	runJSON = append(runJSON, '\n')
-	if err := writeAtomic(w.dir, runFile, runJSON); err != nil {
+	if err := WriteFileAtomic(filepath.Join(w.dir, runFile), runJSON); err != nil {
 		return RunSummary{}, err
 	}
 	entries := make([]SumEntry, 0, len(r.Artifacts)+1)
@@ -306,7 +306,7 @@ func (w *RunWriter) Finish() (RunSummary, error) {
 	runSum := sha256.Sum256(runJSON)
 	entries = append(entries, SumEntry{Path: runFile, SHA256: hex.EncodeToString(runSum[:])})
 	sums := formatSums(entries)
-	if err := writeAtomic(w.dir, sumsFile, sums); err != nil {
+	if err := WriteFileAtomic(filepath.Join(w.dir, sumsFile), sums); err != nil {
 		return RunSummary{}, err
 	}
 	id := sha256.Sum256(sums)
@@ -319,11 +319,13 @@ func (w *RunWriter) Finish() (RunSummary, error) {
 	return row, nil
 }
 
-// writeAtomic writes dir/name through a temporary file in dir.
-func writeAtomic(dir, name string, data []byte) error {
-	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
+// WriteFileAtomic writes path through a temporary file in the same
+// directory (written, fsynced, then renamed over path), so a reader sees the
+// old content or the new, never a partial file. The file mode is 0644.
+func WriteFileAtomic(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("results: write %s: %w", name, err)
+		return fmt.Errorf("results: write %s: %w", path, err)
 	}
 	tmp := f.Name()
 	_, werr := f.Write(data)
@@ -337,11 +339,11 @@ func writeAtomic(dir, name string, data []byte) error {
 		werr = os.Chmod(tmp, 0o644)
 	}
 	if werr == nil {
-		werr = os.Rename(tmp, filepath.Join(dir, name))
+		werr = os.Rename(tmp, path)
 	}
 	if werr != nil {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("results: write %s: %w", name, werr)
+		return fmt.Errorf("results: write %s: %w", path, werr)
 	}
 	return nil
 }

@@ -7,12 +7,11 @@ import (
 	"io"
 	"strings"
 
-	"github.com/charmbracelet/lipgloss"
-	"github.com/charmbracelet/lipgloss/table"
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/llmgw/llmgw/profiles"
+	"github.com/llmgw/llmgw/results"
 )
 
 // ProfilesOptions are the inputs of `llmgw profiles`.
@@ -109,12 +108,12 @@ func profilesList(opts *ProfilesOptions) error {
 		rows = append(rows, row)
 	}
 	if !opts.IO.OutTTY {
-		return writeTSVRows(opts.IO.Out, headers, rows)
+		return results.TSV(opts.IO.Out, headers, rows)
 	}
 	v := cat.Versions()
 	footer := fmt.Sprintf("versions: vllm %s, sglang %s, trtllm %s (%s backend), llamacpp %s; kv hash seed %q\n",
 		v.VLLM.Version, v.SGLang.Version, v.TRTLLM.Version, v.TRTLLM.Backend, v.LlamaCpp.Version, cat.KVHashSeed())
-	_, err = io.WriteString(opts.IO.Out, lipglossTable(opts.IO.Out, headers, rows)+"\n"+footer)
+	_, err = io.WriteString(opts.IO.Out, results.Table(opts.IO.Out, headers, rows)+"\n"+footer)
 	return err
 }
 
@@ -162,45 +161,4 @@ func writeIndentedJSON(w io.Writer, v any) error {
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
-}
-
-// writeTSVRows prints a header and rows, tab-separated; tabs and line breaks in
-// cells become spaces so every row stays one line.
-func writeTSVRows(w io.Writer, headers []string, rows [][]string) error {
-	clean := strings.NewReplacer("\t", " ", "\n", " ", "\r", " ")
-	var b strings.Builder
-	b.WriteString(strings.Join(headers, "\t") + "\n")
-	for _, r := range rows {
-		c := make([]string, len(r))
-		for i := range r {
-			c[i] = clean.Replace(r[i])
-		}
-		b.WriteString(strings.Join(c, "\t") + "\n")
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
-}
-
-// lipglossTable renders a lipgloss table styled for w (colour only when w is a
-// colour terminal).
-func lipglossTable(w io.Writer, headers []string, rows [][]string) string {
-	re := lipgloss.NewRenderer(w)
-	cell := re.NewStyle().Padding(0, 1)
-	head := cell.Bold(true)
-	blocked := cell.Foreground(lipgloss.Color("3"))
-	return table.New().
-		Border(lipgloss.NormalBorder()).
-		BorderStyle(re.NewStyle()).
-		Headers(headers...).
-		Rows(rows...).
-		StyleFunc(func(row, col int) lipgloss.Style {
-			if row == table.HeaderRow {
-				return head
-			}
-			if row >= 0 && row < len(rows) && col < len(rows[row]) && strings.HasPrefix(rows[row][col], "BLOCKED") {
-				return blocked
-			}
-			return cell
-		}).
-		String()
 }

@@ -1,9 +1,9 @@
 package cli
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -211,28 +211,11 @@ func resultsExport(opts *ResultsOptions) error {
 	if opts.File == "" {
 		return results.Render(opts.IO.Out, f, rows)
 	}
-	return writeFileAtomic(opts.File, func(w io.Writer) error { return results.Render(w, f, rows) })
-}
-
-// writeFileAtomic writes path through a temporary file in its directory,
-// so a reader never sees a half-written export.
-func writeFileAtomic(path string, write func(io.Writer) error) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("results export: %w", err)
+	var buf bytes.Buffer
+	if err := results.Render(&buf, f, rows); err != nil {
+		return err
 	}
-	err = write(tmp)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp.Name())
+	if err := results.WriteFileAtomic(opts.File, buf.Bytes()); err != nil {
 		return fmt.Errorf("results export: %w", err)
 	}
 	return nil
