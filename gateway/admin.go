@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -59,6 +60,7 @@ func (s *Server) adminHandler() http.Handler {
 	mux.HandleFunc("POST /v1/rules/{name}/undrain", s.mutating(s.handleDrain(false)))
 	mux.HandleFunc("POST /v1/rules/{name}/endpoints/{id}/drain", s.mutating(s.handleDrain(true)))
 	mux.HandleFunc("POST /v1/rules/{name}/endpoints/{id}/undrain", s.mutating(s.handleDrain(false)))
+	mux.HandleFunc("GET /v1/rules/{name}/inventory", s.handleInventory)
 	mux.HandleFunc("GET /v1/decisions", s.handleDecisions)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -183,6 +185,24 @@ func (s *Server) handleDrain(drain bool) http.HandlerFunc {
 		}
 		writeJSON(w, http.StatusOK, st)
 	}
+}
+
+func (s *Server) handleInventory(w http.ResponseWriter, r *http.Request) {
+	sample := 16
+	if v := r.URL.Query().Get("sample"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 100000 {
+			writeAdminError(w, fmt.Errorf("%w: sample=%q must be a number of keys in 0..100000", errAdminBadRequest, v))
+			return
+		}
+		sample = n
+	}
+	inv, err := s.Inventory(r.PathValue("name"), sample)
+	if err != nil {
+		writeAdminError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, inv)
 }
 
 func (s *Server) handleDecisions(w http.ResponseWriter, r *http.Request) {

@@ -32,6 +32,11 @@ type metrics struct {
 	pdDecodeTTFT      *prometheus.HistogramVec
 	pdKVParams        *prometheus.CounterVec
 	pdEarlyExit       *prometheus.CounterVec
+
+	kvHits    *prometheus.CounterVec
+	kvMisses  *prometheus.CounterVec
+	kvMatched *prometheus.HistogramVec
+	kvParity  *prometheus.CounterVec
 }
 
 func newMetrics(s *Server) *metrics {
@@ -88,6 +93,20 @@ func newMetrics(s *Server) *metrics {
 		Name: "llmgw_pd_early_exit_total", Help: "TRT-LLM requests answered entirely by the context phase.",
 	}, []string{"rule"})
 	reg.MustRegister(m.pdRequests, m.pdPrefillDuration, m.pdDecodeTTFT, m.pdKVParams, m.pdEarlyExit)
+	m.kvHits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_kv_hits_total", Help: "KV-exact decisions that routed to an endpoint holding a prefix of the request.",
+	}, []string{"rule", "endpoint"})
+	m.kvMisses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_kv_misses_total", Help: "KV-exact decisions that fell back to the rule's policy, by reason (tokenize, short, no_match, not_ready, overloaded, spill).",
+	}, []string{"rule", "reason"})
+	m.kvMatched = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "llmgw_kv_matched_blocks", Help: "Prefix blocks the chosen endpoint held, per KV-exact decision.",
+		Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048},
+	}, []string{"rule"})
+	m.kvParity = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_kv_parity_checks_total", Help: "Self-check of engine-reported cached tokens against the gateway's prediction, by outcome (agree, mismatch, neutral).",
+	}, []string{"rule", "outcome"})
+	reg.MustRegister(m.kvHits, m.kvMisses, m.kvMatched, m.kvParity, &kvCollector{s: s})
 	reg.MustRegister(m.requests, m.rejected, m.retries, m.clientCancels, m.streamErrors,
 		m.breakerTransitions, m.probeTransitions, m.upstreamLatency, m.ttfb, m.overhead,
 		&liveCollector{s: s},
@@ -152,3 +171,64 @@ func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func breakerValue(s upstream.BreakerState) int { return int(s) }
+
+// kvObserve records one KV-exact decision.
+func (m *metrics) kvObserve(rule string, c *kvChoice) {
+	if c.ep != nil && c.matched > 0 {
+		m.kvHits.WithLabelValues(rule, c.ep.ID).Inc()
+	} else {
+		m.kvMisses.WithLabelValues(rule, c.reason).Inc()
+	}
+	if c.ep != nil {
+		m.kvMatched.WithLabelValues(rule).Observe(float64(c.matched))
+	}
+}
+
+var (
+	descKVBlocks    = prometheus.NewDesc("llmgw_kv_inventory_blocks", "Blocks in an endpoint's KV inventory.", []string{"rule", "endpoint"}, nil)
+	descKVConnected = prometheus.NewDesc("llmgw_kv_events_connected", "1 while the endpoint's KV event stream is connected (TRT-LLM: polled and admitted).", []string{"rule", "endpoint"}, nil)
+	descKVEvents    = prometheus.NewDesc("llmgw_kv_events_total", "KV events applied to an endpoint's inventory.", []string{"rule", "endpoint"}, nil)
+	descKVResyncs   = prometheus.NewDesc("llmgw_kv_resyncs_total", "Inventory clears after a sequence gap, regression, publisher restart or AllBlocksCleared.", []string{"rule", "endpoint"}, nil)
+	descKVMalformed = prometheus.NewDesc("llmgw_kv_malformed_batches_total", "KV event batches dropped as malformed.", []string{"rule", "endpoint"}, nil)
+	descKVBroken    = prometheus.NewDesc("llmgw_kv_parity_broken", "1 when the self-check sees the engine's cache reuse disagree with the gateway's hashes.", []string{"rule"}, nil)
+)
+
+// kvCollector reads KV ingestion state at scrape time.
+type kvCollector struct{ s *Server }
+
+func (c *kvCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descKVBlocks, descKVConnected, descKVEvents, descKVResyncs, descKVMalformed, descKVBroken} {
+		ch <- d
+	}
+}
+
+func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
+	c.s.mu.Lock()
+	rts := make([]*ruleRuntime, 0, len(c.s.rules))
+	for _, rt := range c.s.rules {
+		if rt.kv != nil {
+			rts = append(rts, rt)
+		}
+	}
+	c.s.mu.Unlock()
+	for _, rt := range rts {
+		n := rt.rule.Name
+		broken := 0.0
+		if rt.kv.parity.status().Broken {
+			broken = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descKVBroken, prometheus.GaugeValue, broken, n)
+		for i, ep := range rt.kv.pool {
+			st := rt.kv.ingest[i].State()
+			conn := 0.0
+			if st.Connected && (st.Admission == "" || st.Admission == "admitted") {
+				conn = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descKVBlocks, prometheus.GaugeValue, float64(rt.kv.index.Blocks(i)), n, ep.ID)
+			ch <- prometheus.MustNewConstMetric(descKVConnected, prometheus.GaugeValue, conn, n, ep.ID)
+			ch <- prometheus.MustNewConstMetric(descKVEvents, prometheus.CounterValue, float64(st.Events), n, ep.ID)
+			ch <- prometheus.MustNewConstMetric(descKVResyncs, prometheus.CounterValue, float64(st.Resyncs), n, ep.ID)
+			ch <- prometheus.MustNewConstMetric(descKVMalformed, prometheus.CounterValue, float64(st.Malformed), n, ep.ID)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 
+	"github.com/llmgw/llmgw/gateway/openai"
 	"github.com/llmgw/llmgw/gateway/policy"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/gateway/upstream"
@@ -55,8 +56,9 @@ type pdRuntime struct {
 	bootPort  int
 	prefill   []*upstream.Endpoint
 	decode    []*upstream.Endpoint
-	pickP     policy.Picker // session pin, then least in-flight
+	pickP     policy.Picker // least in-flight (after the session pin and KV-exact)
 	pickD     policy.Picker // least in-flight
+	pins      *pinTable     // session → prefill endpoint
 	client    *http.Client
 	transport *http.Transport
 }
@@ -72,7 +74,8 @@ func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint) (*pdRuntime, error) 
 		}
 	}
 	var err error
-	if pd.pickP, err = policy.New(policy.Config{Sel: 3, SessionTTL: eff.SessionTTL.Std()}, pd.prefill); err != nil {
+	pd.pins = newPinTable(eff.SessionTTL.Std(), 100_000)
+	if pd.pickP, err = policy.New(policy.Config{Sel: 4}, pd.prefill); err != nil {
 		return nil, err
 	}
 	if pd.pickD, err = policy.New(policy.Config{Sel: 4}, pd.decode); err != nil {
@@ -129,10 +132,17 @@ type pdRequest struct {
 	preq   policy.Request
 	start  time.Time
 	route  string
+	// KV-exact (kvExactMode 1) inputs and outcome for the prefill choice.
+	v    *fastjson.Value
+	kind openai.Kind
+	kvs  kvScratch
+	kvc  kvChoice
+	// prefillHow says how the prefill endpoint was chosen, for X-Llmgw-Route.
+	prefillHow string
 }
 
 // servePD serves a completion on a P/D rule with the engine's hand-off.
-func (s *Server) servePD(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState, stream bool, start time.Time) {
+func (s *Server) servePD(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState, v *fastjson.Value, kind openai.Kind, stream bool, start time.Time) {
 	body := ctx.PostBody()
 	if len(body) > pdMaxRewriteBytes {
 		writeError(ctx, fmt.Errorf("%w: %d bytes; P/D legs are rewritten and the limit is %d bytes", ErrPDBodyTooLarge, len(body), pdMaxRewriteBytes))
@@ -141,7 +151,7 @@ func (s *Server) servePD(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 	}
 	id := string(requestID(ctx, st))
 	ctx.Response.Header.Set("X-Request-Id", id)
-	r := &pdRequest{s: s, rt: rt, pd: rt.pd, ctx: ctx, body: body, path: string(ctx.Path()), hdr: http.Header{}, stream: stream, id: id, start: start}
+	r := &pdRequest{s: s, rt: rt, pd: rt.pd, ctx: ctx, body: body, path: string(ctx.Path()), hdr: http.Header{}, stream: stream, id: id, start: start, v: v, kind: kind}
 	ctx.Request.Header.VisitAll(func(k, v []byte) {
 		switch strings.ToLower(string(k)) {
 		case "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "proxy-authorization", "x-request-id":
@@ -184,19 +194,106 @@ func pdStatus(err error) string {
 	return "error"
 }
 
-// pick chooses a prefill (excluding exP) and a decode endpoint.
+// pick chooses a prefill (excluding exP) and a decode endpoint. The
+// prefill: the session's pinned endpoint while it is available, else the
+// KV-exact choice (kvExactMode 1 scores prefill endpoints only), else the
+// least in-flight one. The decode: the least in-flight one.
 func (r *pdRequest) pick(exP *upstream.Endpoint) (*upstream.Endpoint, *upstream.Endpoint, error) {
-	r.preq.Exclude = exP
-	dp, err := r.pd.pickP.Pick(&r.preq)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: rule %q has no available prefill endpoint", ErrPDPoolUnavailable, r.rt.rule.Name)
+	var P *upstream.Endpoint
+	how := ""
+	sess := r.preq.Session
+	if len(sess) > 0 {
+		if ep := r.pd.pins.get(sess); ep != nil && ep != exP && ep.Available() {
+			P, how = ep, "pinned"
+		}
 	}
-	r.preq.Exclude = nil
-	dd, err := r.pd.pickD.Pick(&r.preq)
+	r.kvc = kvChoice{}
+	if P == nil && r.rt.kv != nil {
+		r.kvc = r.rt.kv.route(&r.kvs, r.v, r.kind, exP)
+		r.s.metrics.kvObserve(r.rt.rule.Name, &r.kvc)
+		if r.kvc.ep != nil {
+			P, how = r.kvc.ep, r.kvc.routeLabel()
+		}
+	}
+	if P == nil {
+		d, err := r.pd.pickP.Pick(&policy.Request{Exclude: exP})
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: rule %q has no available prefill endpoint", ErrPDPoolUnavailable, r.rt.rule.Name)
+		}
+		P, how = d.Endpoint, d.Reason.String()
+		if r.rt.kv != nil {
+			how = "kv-exact miss=" + r.kvc.reason + " " + how
+		}
+	}
+	if len(sess) > 0 {
+		r.pd.pins.set(sess, P)
+	}
+	dd, err := r.pd.pickD.Pick(&policy.Request{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: rule %q has no available decode endpoint", ErrPDPoolUnavailable, r.rt.rule.Name)
 	}
-	return dp.Endpoint, dd.Endpoint, nil
+	r.preq.Exclude = nil
+	r.prefillHow = how
+	return P, dd.Endpoint, nil
+}
+
+// kvCheck feeds a prefill leg's answer to the KV-exact self-check.
+func (r *pdRequest) kvCheck(P *upstream.Endpoint, body []byte) {
+	if r.rt.kv == nil {
+		return
+	}
+	obs := &kvObservation{}
+	if r.kvc.ep == P {
+		obs.predicted = r.kvc.predicted
+	}
+	obs.scan.write(body)
+	r.s.kvSelfCheck(r.rt, obs)
+}
+
+// pinTable pins sessions to prefill endpoints for a TTL, bounded in size
+// (the oldest pins go first). Safe for concurrent use.
+type pinTable struct {
+	mu    sync.Mutex
+	ttl   time.Duration
+	max   int
+	pins  map[string]pin
+	order []string // insertion order, for eviction
+}
+
+type pin struct {
+	ep      *upstream.Endpoint
+	expires time.Time
+}
+
+func newPinTable(ttl time.Duration, max int) *pinTable {
+	if ttl <= 0 {
+		ttl = time.Hour
+	}
+	return &pinTable{ttl: ttl, max: max, pins: map[string]pin{}}
+}
+
+func (t *pinTable) get(key []byte) *upstream.Endpoint {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.pins[string(key)]
+	if !ok || time.Now().After(p.expires) {
+		return nil
+	}
+	return p.ep
+}
+
+func (t *pinTable) set(key []byte, ep *upstream.Endpoint) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := string(key)
+	if _, ok := t.pins[k]; !ok {
+		t.order = append(t.order, k)
+		for len(t.pins) >= t.max && len(t.order) > 0 {
+			delete(t.pins, t.order[0])
+			t.order = t.order[1:]
+		}
+	}
+	t.pins[k] = pin{ep: ep, expires: time.Now().Add(t.ttl)}
 }
 
 // legResult is one finished, buffered leg.
@@ -372,6 +469,7 @@ func (r *pdRequest) serveVLLM() error {
 		r.route = "pd-vllm prefill-5xx recompute"
 	default:
 		m.pdRequests.WithLabelValues(name, "prefill", "success").Inc()
+		r.kvCheck(P, pr.body)
 		var p fastjson.Parser
 		if v, err := p.ParseBytes(pr.body); err == nil {
 			if kv := v.Get("kv_transfer_params"); kv != nil && kv.Type() == fastjson.TypeObject {
@@ -399,7 +497,7 @@ func (r *pdRequest) serveVLLM() error {
 			return err
 		}
 	}
-	r.route += " prefill=" + P.ID
+	r.route += " prefill=" + P.ID + " (" + r.prefillHow + ")"
 	return r.decodeLeg(D, dBody)
 }
 
@@ -456,7 +554,7 @@ func (r *pdRequest) sglangPair(P, D *upstream.Endpoint) (err error, retry bool) 
 	if err != nil {
 		return err, false
 	}
-	r.route = "pd-sglang prefill=" + P.ID + " room=" + strconv.FormatUint(room, 10)
+	r.route = "pd-sglang prefill=" + P.ID + " (" + r.prefillHow + ") room=" + strconv.FormatUint(room, 10)
 
 	legsCtx, cancelLegs := context.WithCancel(r.s.ctx)
 	prefillDone := make(chan legResult, 1)
@@ -503,6 +601,7 @@ func (r *pdRequest) sglangPair(P, D *upstream.Endpoint) (err error, retry bool) 
 		return fail(fmt.Errorf("%w: prefill endpoint %s answered %d before the decode produced output", ErrPDPrefillFailed, P.ID, pr.status))
 	}
 	m.pdRequests.WithLabelValues(name, "prefill", "success").Inc()
+	r.kvCheck(P, pr.body)
 	wg.Wait()
 	return r.finishDecode(dl, cancelLegs), false
 }
@@ -541,7 +640,7 @@ func (r *pdRequest) serveTRT() error {
 		m.pdRequests.WithLabelValues(name, "prefill", pdStatus(r.prefillErr(P, cr.err))).Inc()
 		return r.prefillErr(P, cr.err)
 	}
-	r.route = "pd-trtllm context=" + P.ID
+	r.route = "pd-trtllm context=" + P.ID + " (" + r.prefillHow + ")"
 	var params []byte
 	switch {
 	case cr.status >= 400 && cr.status < 500:
@@ -554,6 +653,7 @@ func (r *pdRequest) serveTRT() error {
 		r.route += " context-5xx recompute"
 	default:
 		m.pdRequests.WithLabelValues(name, "prefill", "success").Inc()
+		r.kvCheck(P, cr.body)
 		var p fastjson.Parser
 		v, perr := p.ParseBytes(cr.body)
 		if perr != nil {

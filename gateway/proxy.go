@@ -39,6 +39,8 @@ type reqState struct {
 	oreq   openai.Request
 	preq   policy.Request
 	id     [32]byte
+	kv     kvScratch
+	kvc    kvChoice
 }
 
 var statePool = sync.Pool{New: func() any { return new(reqState) }}
@@ -157,10 +159,16 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(ctx)
 	st.preq.Session = rt.sessionValue(ctx, st.oreq.User)
 	if rt.pd != nil {
-		s.servePD(ctx, rt, st, st.oreq.Stream, start)
+		s.servePD(ctx, rt, st, v, kind, st.oreq.Stream, start)
 		return
 	}
-	s.forward(ctx, rt, st, st.oreq.Stream, start)
+	var kvc *kvChoice
+	if rt.kv != nil {
+		st.kvc = rt.kv.route(&st.kv, v, kind, nil)
+		kvc = &st.kvc
+		s.metrics.kvObserve(rt.rule.Name, kvc)
+	}
+	s.forward(ctx, rt, st, st.oreq.Stream, start, kvc)
 }
 
 // servePassthrough relays any other path to the listener's default rule.
@@ -174,7 +182,7 @@ func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, key string) {
 	st := statePool.Get().(*reqState)
 	defer statePool.Put(st)
 	st.preq = policy.Request{}
-	s.forward(ctx, lr.def, st, false, start)
+	s.forward(ctx, lr.def, st, false, start, nil)
 }
 
 // requestID returns the client's X-Request-Id, or a fresh 32-hex-char id.
@@ -203,13 +211,32 @@ func printable(b []byte) bool {
 // forward sends the request to an endpoint chosen by rt's policy, retrying
 // once on another endpoint when the first fails before any response byte,
 // and relays the answer.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState, stream bool, start time.Time) {
+//
+// kvc, when non-nil, is the KV-exact decision: its endpoint (if any) is
+// tried first, and the response feeds the hash-parity self-check.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState, stream bool, start time.Time, kvc *kvChoice) {
 	id := requestID(ctx, st)
 	ctx.Request.Header.SetBytesKV(hdrRequestID, id)
 	ctx.Response.Header.SetBytesKV(hdrRequestID, id)
 	var lastErr error
 	for attempt := 0; attempt < 2; attempt++ {
-		d, err := rt.picker.Pick(&st.preq)
+		var d policy.Decision
+		var err error
+		route := ""
+		if attempt == 0 && kvc != nil && kvc.ep != nil {
+			d, route = policy.Decision{Endpoint: kvc.ep}, kvc.routeLabel()
+		} else {
+			d, err = rt.picker.Pick(&st.preq)
+			if err == nil {
+				route = d.Reason.String()
+				if kvc != nil {
+					route = "kv-exact miss=" + kvc.reason + " " + route
+					if kvc.ep != nil { // the KV choice failed: this is the retry
+						route = "kv-exact retry " + d.Reason.String()
+					}
+				}
+			}
+		}
 		if err != nil {
 			if lastErr == nil {
 				lastErr = fmt.Errorf("%w: rule %q has no endpoint that is healthy, closed-breaker and not draining", ErrNoEndpoint, rt.rule.Name)
@@ -253,8 +280,15 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 			}
 			break
 		}
-		s.decisions.add(rt.rule.Name, ep.ID, d.Reason.String(), id, d.Spill)
-		s.relay(ctx, rt, ep, d, resp, release, start, upStart)
+		s.decisions.add(rt.rule.Name, ep.ID, route, id, d.Spill)
+		var obs *kvObservation
+		if kvc != nil {
+			obs = &kvObservation{predicted: 0}
+			if kvc.ep == ep {
+				obs.predicted = kvc.predicted
+			}
+		}
+		s.relay(ctx, rt, ep, route, resp, release, start, upStart, obs)
 		return
 	}
 	writeError(ctx, lastErr)
@@ -267,7 +301,10 @@ func isTimeout(err error) bool {
 
 // relay copies the worker's response to the client: buffered for plain
 // responses, event by event for streams. It owns resp and release.
-func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, d policy.Decision, resp *fasthttp.Response, release func(), start, upStart time.Time) {
+//
+// obs, when non-nil, collects the engine-reported cached tokens for the
+// KV-exact self-check.
+func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, route string, resp *fasthttp.Response, release func(), start, upStart time.Time, obs *kvObservation) {
 	status := resp.StatusCode()
 	if b := ep.Breaker(); b != nil {
 		switch {
@@ -294,7 +331,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 	}
 	ctx.Response.Header.SetContentTypeBytes(resp.Header.ContentType())
 	ctx.Response.Header.Set("X-Llmgw-Endpoint", ep.ID)
-	ctx.Response.Header.Set("X-Llmgw-Route", d.Reason.String())
+	ctx.Response.Header.Set("X-Llmgw-Route", route)
 
 	m := s.metrics
 	stream := resp.BodyStream()
@@ -321,6 +358,10 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 			return
 		}
 		ctx.Response.SetBody(body)
+		if obs != nil {
+			obs.scan.write(body)
+			s.kvSelfCheck(rt, obs)
+		}
 		fasthttp.ReleaseResponse(resp)
 		m.observe(rt.rule.Name, ep.ID, status, time.Since(start), upDur, upDur)
 		return
@@ -339,6 +380,9 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 			if n > 0 {
 				if !sawDone {
 					sawDone = containsAcross(tail[:], buf[:n], doneMarker)
+				}
+				if obs != nil {
+					obs.scan.write(buf[:n])
 				}
 				if _, werr := w.Write(buf[:n]); werr != nil {
 					clientGone = true
@@ -381,6 +425,9 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 			}
 			m.streamErrors.WithLabelValues(ruleName, ep.ID).Inc()
 			s.log.Warn("upstream stream failed", "rule", ruleName, "endpoint", ep.ID, "err", upErr)
+		}
+		if obs != nil && !clientGone && upErr == nil {
+			s.kvSelfCheck(rt, obs)
 		}
 		m.observe(ruleName, ep.ID, code, time.Since(start), upDur, ttfb)
 	})

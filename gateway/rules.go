@@ -92,11 +92,14 @@ func (s *Server) installLocked(r *rule.Rule) error {
 	if err != nil {
 		return err
 	}
-	rt.start(s)
-	s.rules[eff.Name] = rt
+	// Stop the old runtime's background work first: a TensorRT-LLM event
+	// endpoint has exactly one consumer. The old runtime keeps serving
+	// requests until the table is republished.
 	if prev != nil {
 		prev.stop()
 	}
+	rt.start(s)
+	s.rules[eff.Name] = rt
 	return nil
 }
 
@@ -178,6 +181,12 @@ type RuleLiveStatus struct {
 	Ready     bool             `json:"ready"`
 	InFlight  int64            `json:"in_flight"`
 	Endpoints []EndpointStatus `json:"endpoints"`
+	// KVReady: at least one endpoint meets every KV-exact readiness
+	// condition (KV-exact rules only). Until then requests are routed by the
+	// fallback policy.
+	KVReady *bool `json:"kv_ready,omitempty"`
+	// KVParity is the KV-exact self-check (KV-exact rules only).
+	KVParity *ParityStatus `json:"kv_parity,omitempty"`
 }
 
 // EndpointStatus is one endpoint's live state.
@@ -190,6 +199,25 @@ type EndpointStatus struct {
 	Breaker   string `json:"breaker"`
 	Draining  bool   `json:"draining"`
 	InFlight  int64  `json:"in_flight"`
+	// KV is the endpoint's KV-exact state; nil when it is not scored.
+	KV *EndpointKVStatus `json:"kv,omitempty"`
+}
+
+// EndpointKVStatus shows each KV-exact readiness condition separately, with
+// the event stream's counters.
+type EndpointKVStatus struct {
+	Ready            bool   `json:"ready"`
+	Healthy          bool   `json:"healthy"`
+	EventsConnected  bool   `json:"events_connected"`
+	InventoryOrProof bool   `json:"inventory_or_canary"`
+	InventoryBlocks  int    `json:"inventory_blocks"`
+	Admission        string `json:"admission,omitempty"`
+	LastSeq          int64  `json:"last_seq"`
+	Events           uint64 `json:"events"`
+	Resyncs          uint64 `json:"resyncs"`
+	LastResyncReason string `json:"last_resync_reason,omitempty"`
+	Malformed        uint64 `json:"malformed"`
+	Dropped          uint64 `json:"dropped"`
 }
 
 // Rule returns rule name's effective configuration and live status.
@@ -247,6 +275,20 @@ func (rt *ruleRuntime) status(addr string) *RuleStatus {
 	if rt.pd != nil {
 		// A P/D rule serves only with a prefill and a decode available.
 		st.Status.Ready = rt.pd.ready()
+	}
+	if kv := rt.kv; kv != nil {
+		anyReady := false
+		for i, ep := range kv.pool {
+			ks := kv.endpointStatus(i)
+			anyReady = anyReady || ks.Ready
+			for j := range st.Status.Endpoints {
+				if st.Status.Endpoints[j].ID == ep.ID {
+					st.Status.Endpoints[j].KV = ks
+				}
+			}
+		}
+		ps := kv.parity.status()
+		st.Status.KVReady, st.Status.KVParity = &anyReady, &ps
 	}
 	return st
 }

@@ -26,6 +26,7 @@ type ruleRuntime struct {
 	clients   []*fasthttp.HostClient // by endpoint Index
 	picker    policy.Picker
 	pd        *pdRuntime // nil unless pd_disagg_mode
+	kv        *kvRuntime // nil unless kvExactMode is 1 or 3
 
 	sessSource string // "header", "cookie", "query" or "" (body user only)
 	sessName   []byte
@@ -91,6 +92,11 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 		}
 	}
 	rt.picker = p
+	if eff.KVExactMode == 1 || eff.KVExactMode == 3 {
+		if rt.kv, err = newKVRuntime(s, eff, rt.eps); err != nil {
+			return nil, err
+		}
+	}
 	if eff.PDDisaggMode {
 		if rt.pd, err = newPDRuntime(eff, rt.eps); err != nil {
 			return nil, err
@@ -115,6 +121,9 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 func (rt *ruleRuntime) start(s *Server) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	rt.cancel = cancel
+	if rt.kv != nil {
+		rt.kv.run(ctx, &rt.wg, s, rt.rule.Name)
+	}
 	if !rt.rule.Probe.Disabled {
 		for _, ep := range rt.eps {
 			rt.wg.Add(1)

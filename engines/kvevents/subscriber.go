@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/cespare/xxhash/v2"
 	"sync"
 	"time"
 
@@ -19,6 +20,14 @@ type Message struct {
 	Seq      uint64
 	Payload  []byte
 	Replayed bool
+	// Restarted reports that the publisher's stream is not the one this
+	// subscriber delivered before the reconnect: its replay buffer holds a
+	// different batch under the last delivered sequence number, or no longer
+	// holds it. The publisher restarted (sequence numbers start over) even if
+	// its new sequence numbers already ran past the old ones, so everything
+	// built from earlier batches is stale. Set on the first message after
+	// such a reconnect.
+	Restarted bool
 }
 
 // SubscriberConfig configures a Subscriber.
@@ -57,6 +66,10 @@ type SubscriberState struct {
 	// Regressions counts deliveries whose seq was not above LastSeq (a
 	// restarted publisher counts from 0 again).
 	Regressions uint64
+	// Restarts counts reconnects after which the publisher's replay buffer
+	// did not hold the last delivered batch unchanged (see
+	// Message.Restarted).
+	Restarts uint64
 	// Malformed counts live or replayed messages skipped for bad framing.
 	Malformed uint64
 	// ReplayErrors counts replay exchanges that failed or timed out.
@@ -72,6 +85,9 @@ type Subscriber struct {
 
 	mu    sync.Mutex
 	state SubscriberState
+	// lastHash is the xxhash of the last delivered payload; touched only by
+	// Run's goroutine.
+	lastHash uint64
 }
 
 // NewSubscriber returns a Subscriber for cfg; Run starts it.
@@ -167,12 +183,22 @@ func (s *Subscriber) session(ctx context.Context, deliver func(Message)) (bool, 
 	var dedupe bool
 	var first, last uint64
 	received := false
+	restarted := false
 	if s.cfg.ReplayEndpoint != "" {
 		if from := s.State().LastSeq; from >= 0 {
+			// Replay from the last delivered batch itself: the publisher
+			// must still hold it, byte for byte, or it is not the stream
+			// delivered before (a restart whose new sequence numbers caught
+			// up with the old ones would otherwise pass for a continuation).
 			var n int
-			first, last, n = s.replay(sctx, uint64(from)+1, EndSeq, deliver)
-			dedupe = n > 0
-			received = n > 0
+			var verified bool
+			first, last, n, verified = s.replayVerified(sctx, uint64(from), s.lastHash, deliver)
+			dedupe = n > 0 || verified
+			if verified && n == 0 {
+				first, last = uint64(from), uint64(from)
+			}
+			received = n > 0 || verified
+			restarted = !verified && n == 0
 		}
 	}
 	for {
@@ -207,8 +233,42 @@ func (s *Subscriber) session(ctx context.Context, deliver func(Message)) (bool, 
 				}
 			}
 		}
-		s.deliver(deliver, Message{Topic: msg.Frames[0], Seq: seq, Payload: msg.Frames[2]})
+		s.deliver(deliver, Message{Topic: msg.Frames[0], Seq: seq, Payload: msg.Frames[2], Restarted: restarted})
+		restarted = false
 	}
+}
+
+// replayVerified replays from seq from, which the subscriber delivered last
+// with payload hash want. When the publisher's batch at from matches, it is
+// skipped (already delivered) and the rest is delivered; otherwise every
+// replayed batch is delivered and the first carries Restarted. verified
+// reports the match. A publisher without that batch (restarted, or its
+// buffer moved on) is unverified; when it also returned nothing, the caller
+// marks the next live message Restarted.
+func (s *Subscriber) replayVerified(ctx context.Context, from uint64, want uint64, deliver func(Message)) (first, last uint64, n int, verified bool) {
+	checked := false
+	pending := false // the next delivered message starts a new stream
+	emit := func(m Message) bool {
+		if !checked {
+			checked = true
+			if m.Seq == from && xxhash.Sum64(m.Payload) == want {
+				verified = true
+				return false // already delivered before the reconnect
+			}
+			pending = true
+			s.update(func(st *SubscriberState) { st.Restarts++ })
+		}
+		if pending {
+			m.Restarted, pending = true, false
+		}
+		s.deliver(deliver, m)
+		return true
+	}
+	first, last, n = s.replayFrom(ctx, from, EndSeq, emit)
+	if !checked {
+		s.update(func(st *SubscriberState) { st.Restarts++ })
+	}
+	return first, last, n, verified
 }
 
 // deliver updates the sequence counters and hands m to the callback.
@@ -223,6 +283,7 @@ func (s *Subscriber) deliver(deliver func(Message), m Message) {
 		}
 		st.LastSeq = int64(m.Seq)
 	})
+	s.lastHash = xxhash.Sum64(m.Payload)
 	deliver(m)
 }
 
@@ -234,6 +295,12 @@ var errReplayFraming = errors.New("kvevents: bad replay reply framing")
 // returns the seq range delivered and how many batches there were. Failures
 // are counted and end the replay early.
 func (s *Subscriber) replay(ctx context.Context, start, limit uint64, deliver func(Message)) (first, last uint64, n int) {
+	return s.replayFrom(ctx, start, limit, func(m Message) bool { s.deliver(deliver, m); return true })
+}
+
+// replayFrom is replay with the delivery decided by emit, which reports
+// whether it delivered the message (counted in first, last and n).
+func (s *Subscriber) replayFrom(ctx context.Context, start, limit uint64, emit func(Message) bool) (first, last uint64, n int) {
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
 	defer cancel()
 	dealer := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0))
@@ -266,12 +333,14 @@ func (s *Subscriber) replay(ctx context.Context, start, limit uint64, deliver fu
 		if seq < start || seq >= limit {
 			continue
 		}
+		if !emit(Message{Topic: topic, Seq: seq, Payload: payload, Replayed: true}) {
+			continue
+		}
 		if n == 0 {
 			first = seq
 		}
 		last = seq
 		n++
-		s.deliver(deliver, Message{Topic: topic, Seq: seq, Payload: payload, Replayed: true})
 	}
 }
 

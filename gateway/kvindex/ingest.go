@@ -278,7 +278,18 @@ func (g *Ingester) runZMQ(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, sub := range subs {
 		wg.Go(func() {
-			_ = sub.Run(ctx, func(m kvevents.Message) { g.handleBatch(i, m.Seq, m.Payload) })
+			_ = sub.Run(ctx, func(m kvevents.Message) {
+				if m.Restarted {
+					// The publisher is not the stream applied so far (its
+					// replay buffer disagrees): a restart whose sequence
+					// numbers may already have caught up. Start over.
+					g.mu.Lock()
+					g.streams[i].lastSeq = -1
+					g.resyncLocked(ReasonRestart)
+					g.mu.Unlock()
+				}
+				g.handleBatch(i, m.Seq, m.Payload)
+			})
 		})
 	}
 	wg.Wait()

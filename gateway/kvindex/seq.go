@@ -9,12 +9,13 @@ const ReferenceSeqWindow = 64
 // IngestState.LastResyncReason, together with ReasonCleared, ReasonCreated,
 // ReasonMalformed, ReasonOversize and ReasonAdmission.
 const (
-	ReasonFirst     = "first"      // keep: the stream's first batch
-	ReasonNext      = "next"       // keep: seq = last+1
-	ReasonDuplicate = "duplicate"  // keep: seq = last (re-delivery)
-	ReasonTolerated = "gap_window" // keep: forward gap within the window
-	ReasonGap       = "gap"        // clear: batches missing that replay did not restore
-	ReasonRegress   = "regression" // clear: seq went back (the publisher restarted)
+	ReasonFirst     = "first"             // keep: the stream's first batch
+	ReasonNext      = "next"              // keep: seq = last+1
+	ReasonDuplicate = "duplicate"         // keep: seq = last (re-delivery)
+	ReasonTolerated = "gap_window"        // keep: forward gap within the window
+	ReasonGap       = "gap"               // clear: batches missing that replay did not restore
+	ReasonRegress   = "regression"        // clear: seq went back (the publisher restarted)
+	ReasonRestart   = "publisher_restart" // clear: after a reconnect the publisher's replay buffer did not hold the last applied batch
 
 	ReasonCleared   = "all_blocks_cleared" // the engine cleared its cache
 	ReasonCreated   = "created"            // TensorRT-LLM announced a fresh cache

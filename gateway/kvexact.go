@@ -1,0 +1,486 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fastjson"
+
+	"github.com/llmgw/llmgw/engines/kvhash"
+	"github.com/llmgw/llmgw/gateway/kvindex"
+	"github.com/llmgw/llmgw/gateway/openai"
+	"github.com/llmgw/llmgw/gateway/rule"
+	"github.com/llmgw/llmgw/gateway/upstream"
+)
+
+// KV-exact routing: route each request to the endpoint that already holds
+// the longest prefix of its KV cache, known exactly from the engines' own
+// KV-cache events.
+//
+// Pipeline per request: tokenize as the engine does (chat template, BOS) →
+// block keys with the engine's hash (kvhash) → for every scored endpoint the
+// number of consecutive blocks, from the first, it holds (kvindex.Match; a
+// KV hit is a prefix, set membership is not enough) → the selection law
+// below → the endpoint. Misses (no tokenizer result, a prompt shorter than
+// one block, no endpoint holding block 0, no ready endpoint) fall back to
+// the rule's own policy (CHWBL for sel 8) and say why in X-Llmgw-Route.
+//
+// Selection law (a cost model with a bound). With B the request's full
+// blocks, m_e the blocks endpoint e holds and q_e its requests in flight,
+//
+//	cost_e = (B − m_e) + α·B·q_e      α = 0.5
+//
+// estimates e's time to first token in units of one block's prefill: the
+// blocks it must compute, plus the prefill work queued ahead (each request
+// in flight counts as half a prompt of this size: continuous batching
+// overlaps it with ours). Only endpoints under the CHWBL load bound take part
+// (q_e + 1 ≤ ceil(c·(T+1)/N) over available endpoints, c = the rule's
+// chwbl.load_factor), so a hot prefix can never herd every request onto one
+// worker; among them the lowest cost wins, ties to the longer match, then the
+// lower in-flight count, then the lower Index.
+const kvAlpha = 0.5
+
+// kvRuntime is a rule's KV-exact state.
+type kvRuntime struct {
+	mode       int
+	blockSize  int
+	tok        kvTokenizer
+	hasher     kvhash.Hasher
+	index      *kvindex.Index
+	pool       []*upstream.Endpoint // scored endpoints; Index positions in the kvindex
+	ingest     []*kvindex.Ingester  // by pool position
+	loadFactor float64
+	parity     parityState
+	// canary records endpoints whose hash parity was proven by a canary
+	// check (a readiness condition when their inventory is empty).
+	canary []atomic.Bool
+}
+
+// kvPoolMaxBlocks bounds each endpoint's inventory in the gateway.
+const kvPoolMaxBlocks = 1 << 20
+
+func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint) (*kvRuntime, error) {
+	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: eff.CHWBL.LoadFactor}
+	for _, ep := range eps {
+		if eff.KVExactMode == 1 && ep.Role != upstream.RolePrefill {
+			continue
+		}
+		kv.pool = append(kv.pool, ep)
+	}
+	seed := ""
+	if eff.KVHashSeed != nil {
+		seed = *eff.KVHashSeed
+	}
+	algo, err := kvhash.ParseAlgo(eff.KVHashAlgo)
+	if err != nil {
+		return nil, err
+	}
+	if kv.hasher, err = kvhash.New(algo, eff.KVBlockSize, seed); err != nil {
+		return nil, err
+	}
+	pool := kv.pool
+	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, func() string {
+		for _, ep := range pool {
+			if ep.Available() {
+				return "http://" + ep.Addr
+			}
+		}
+		return ""
+	}); err != nil {
+		return nil, fmt.Errorf("kvTokenizer %q: %w", eff.KVTokenizer, err)
+	}
+	kv.index = kvindex.New(len(kv.pool), kvPoolMaxBlocks)
+	kv.canary = make([]atomic.Bool, len(kv.pool))
+	for i, ep := range kv.pool {
+		cfg := kvindex.IngestConfig{Engine: eff.KVEngineType, Endpoint: i, BlockSize: eff.KVBlockSize, Logger: s.log.With("rule", eff.Name, "endpoint", ep.ID)}
+		spec := specOf(eff, ep.ID)
+		switch eff.KVEngineType {
+		case "trtllm":
+			cfg.HTTPBase = "http://" + ep.Addr
+			h, err := kvhash.New(kvhash.BlockHashTRTLLM, eff.KVBlockSize, "")
+			if err != nil {
+				return nil, err
+			}
+			cfg.Hasher = h
+		default:
+			if spec.KVEventsEndpoint != "" {
+				cfg.ZMQ = []string{spec.KVEventsEndpoint}
+				if spec.KVReplayEndpoint != "" {
+					cfg.Replay = []string{spec.KVReplayEndpoint}
+				}
+			} else {
+				for r := 0; r < max(eff.KVDpRankCount, 1); r++ {
+					cfg.ZMQ = append(cfg.ZMQ, "tcp://"+net.JoinHostPort(ep.Host, strconv.Itoa(eff.KVZmqPort+r)))
+					cfg.Replay = append(cfg.Replay, "tcp://"+net.JoinHostPort(ep.Host, strconv.Itoa(eff.KVZmqPort+rule.ReplayPortOffset+r)))
+				}
+			}
+		}
+		g, err := kvindex.NewIngester(cfg, kv.index)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint %s: %w", ep.ID, err)
+		}
+		kv.ingest = append(kv.ingest, g)
+	}
+	return kv, nil
+}
+
+func specOf(r *rule.Rule, id string) rule.Endpoint {
+	for _, e := range r.Endpoints {
+		if e.ID == id {
+			return e
+		}
+	}
+	return rule.Endpoint{}
+}
+
+// run starts one goroutine per ingester, owned by ctx and wg. An ingester
+// that stops with an error (e.g. a TensorRT-LLM worker still drained by the
+// runtime being replaced) is restarted with a backoff until ctx ends.
+func (kv *kvRuntime) run(ctx context.Context, wg *sync.WaitGroup, s *Server, ruleName string) {
+	for i, g := range kv.ingest {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			backoff := 50 * time.Millisecond
+			for {
+				err := g.Run(ctx)
+				if ctx.Err() != nil {
+					return
+				}
+				s.log.Warn("kv ingester stopped; restarting", "rule", ruleName, "endpoint", kv.pool[i].ID, "err", err)
+				t := time.NewTimer(backoff)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+				backoff = min(backoff*2, 5*time.Second)
+			}
+		}()
+	}
+}
+
+// ready reports the readiness conditions of pool position i (DESIGN §4):
+// healthy, event stream connected, and inventory non-zero or a canary hash
+// check passed.
+func (kv *kvRuntime) ready(i int) (healthy, connected, inventory bool) {
+	ep := kv.pool[i]
+	st := kv.ingest[i].State()
+	healthy = ep.Available()
+	connected = st.Connected && (st.Admission == "" || st.Admission == "admitted")
+	inventory = kv.index.Blocks(i) > 0 || kv.canary[i].Load()
+	return
+}
+
+// kvScratch is per-request KV state, pooled in reqState.
+type kvScratch struct {
+	ids     []uint32
+	keys    []uint64
+	matched []int
+}
+
+// kvChoice is the outcome of KV-exact selection for one request.
+type kvChoice struct {
+	ep        *upstream.Endpoint // nil on a miss
+	pos       int
+	matched   int // blocks the chosen endpoint holds
+	total     int // full blocks of the prompt
+	prompt    int // prompt tokens
+	reason    string
+	predicted int // cached tokens the engine should report
+}
+
+// route tokenizes and hashes the request and applies the selection law over
+// the pool, skipping exclude. On a miss, choice.ep is nil and reason names
+// the miss.
+func (kv *kvRuntime) route(sc *kvScratch, v *fastjson.Value, kind openai.Kind, exclude *upstream.Endpoint) kvChoice {
+	var err error
+	sc.ids, err = kv.tok.tokens(sc.ids[:0], v, kind)
+	if err != nil {
+		return kvChoice{reason: "tokenize"}
+	}
+	sc.keys = kv.hasher.BlockKeys(sc.keys[:0], sc.ids)
+	c := kvChoice{total: len(sc.keys), prompt: len(sc.ids)}
+	if len(sc.keys) == 0 {
+		c.reason = "short"
+		return c
+	}
+	if cap(sc.matched) < len(kv.pool) {
+		sc.matched = make([]int, len(kv.pool))
+	}
+	sc.matched = sc.matched[:len(kv.pool)]
+	kv.index.Match(sc.keys, sc.matched)
+
+	var total int64
+	n := 0
+	anyReady, anyMatch := false, false
+	for i, ep := range kv.pool {
+		if ep == exclude || !ep.Available() {
+			continue
+		}
+		total += ep.InFlight()
+		n++
+		if _, conn, inv := kv.ready(i); conn && inv {
+			anyReady = true
+			if sc.matched[i] > 0 {
+				anyMatch = true
+			}
+		}
+	}
+	switch {
+	case n == 0 || !anyReady:
+		c.reason = "not_ready"
+		return c
+	case !anyMatch:
+		c.reason = "no_match"
+		return c
+	}
+	// ceil(c·(T+1)/N) in integer arithmetic on per-mille load factors.
+	lf := int64(kv.loadFactor*1000 + 0.5)
+	bound := (lf*(total+1) + int64(n)*1000 - 1) / (int64(n) * 1000)
+	B := float64(len(sc.keys))
+	best := -1
+	var bestCost float64
+	for i, ep := range kv.pool {
+		if ep == exclude || !ep.Available() {
+			continue
+		}
+		if _, conn, inv := kv.ready(i); !conn || !inv {
+			continue
+		}
+		q := ep.InFlight()
+		if q+1 > bound {
+			continue
+		}
+		cost := (B - float64(sc.matched[i])) + kvAlpha*B*float64(q)
+		if best < 0 || cost < bestCost ||
+			(cost == bestCost && (sc.matched[i] > sc.matched[best] ||
+				(sc.matched[i] == sc.matched[best] && q < kv.pool[best].InFlight()))) {
+			best, bestCost = i, cost
+		}
+	}
+	if best < 0 {
+		c.reason = "overloaded"
+		return c
+	}
+	c.ep, c.pos, c.matched = kv.pool[best], best, sc.matched[best]
+	maxHit := 0
+	if len(sc.ids) > 0 {
+		maxHit = (len(sc.ids) - 1) / kv.blockSize
+	}
+	c.predicted = min(c.matched, maxHit) * kv.blockSize
+	if c.matched == 0 {
+		c.reason = "spill"
+	}
+	return c
+}
+
+// routeLabel is the X-Llmgw-Route value of a KV decision.
+func (c *kvChoice) routeLabel() string {
+	if c.ep == nil {
+		return "kv-exact miss=" + c.reason
+	}
+	label := "kv-exact hit=" + strconv.Itoa(c.matched) + "/" + strconv.Itoa(c.total)
+	if c.reason == "spill" {
+		label = "kv-exact spill hit=0/" + strconv.Itoa(c.total)
+	}
+	return label
+}
+
+// parityState is the self-check: the engine's reported cached tokens
+// against the gateway's prediction. A hash seed, block size or tokenizer
+// mismatch makes every prediction wrong in the same way (the gateway never
+// matches what the engine reuses), so a run of clear mismatches with no
+// agreement in between raises a parity warning within a few requests.
+type parityState struct {
+	mu         sync.Mutex
+	agree      uint64 // predicted == reported, both > 0
+	mismatch   uint64 // differ by at least one block
+	neutral    uint64 // both zero, or no report
+	streak     int    // clear mismatches since the last agreement
+	broken     bool
+	lastDetail string
+}
+
+// parityThreshold is the mismatch streak that raises the warning.
+const parityThreshold = 5
+
+// observe records one response. reported < 0 means the engine reported
+// nothing. It returns true when this observation raised the warning.
+func (p *parityState) observe(predicted, reported, blockSize int) (raised bool, detail string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case reported < 0 || (predicted == 0 && reported == 0):
+		p.neutral++
+	case abs(predicted-reported) < blockSize && reported > 0:
+		p.agree++
+		p.streak = 0
+		p.broken = false
+	case abs(predicted-reported) >= blockSize:
+		p.mismatch++
+		p.streak++
+		p.lastDetail = fmt.Sprintf("predicted %d cached tokens, engine reported %d", predicted, reported)
+		if p.streak >= parityThreshold && !p.broken {
+			p.broken = true
+			return true, p.lastDetail
+		}
+	default:
+		p.neutral++
+	}
+	return false, ""
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// ParityStatus is the self-check's state, as the admin API shows it.
+type ParityStatus struct {
+	Agreements uint64 `json:"agreements"`
+	Mismatches uint64 `json:"mismatches"`
+	Neutral    uint64 `json:"neutral"`
+	Streak     int    `json:"mismatch_streak"`
+	Broken     bool   `json:"parity_broken"`
+	LastDetail string `json:"last_mismatch,omitempty"`
+}
+
+func (p *parityState) status() ParityStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return ParityStatus{Agreements: p.agree, Mismatches: p.mismatch, Neutral: p.neutral, Streak: p.streak, Broken: p.broken, LastDetail: p.lastDetail}
+}
+
+// cachedScanner finds the last "cached_tokens": N in a byte stream that
+// arrives in pieces (a JSON body or an SSE stream with a usage chunk).
+type cachedScanner struct {
+	tail  []byte
+	value int
+	seen  bool
+}
+
+var cachedKey = []byte(`"cached_tokens":`)
+
+func (c *cachedScanner) write(b []byte) {
+	buf := append(c.tail, b...)
+	for i := 0; ; {
+		j := bytes.Index(buf[i:], cachedKey)
+		if j < 0 {
+			break
+		}
+		k := i + j + len(cachedKey)
+		for k < len(buf) && buf[k] == ' ' {
+			k++
+		}
+		start := k
+		for k < len(buf) && buf[k] >= '0' && buf[k] <= '9' {
+			k++
+		}
+		if k == len(buf) { // the number may continue in the next piece
+			break
+		}
+		if k > start {
+			if n, err := strconv.Atoi(string(buf[start:k])); err == nil {
+				c.value, c.seen = n, true
+			}
+		}
+		i = k
+	}
+	keep := min(len(buf), len(cachedKey)+24)
+	c.tail = append(c.tail[:0], buf[len(buf)-keep:]...)
+}
+
+// reported returns the last cached_tokens seen, or -1.
+func (c *cachedScanner) reported() int {
+	if !c.seen {
+		return -1
+	}
+	return c.value
+}
+
+// kvObservation carries one response's self-check inputs.
+type kvObservation struct {
+	predicted int
+	scan      cachedScanner
+}
+
+// kvSelfCheck compares the engine's cached tokens with the prediction and
+// raises the parity warning (log, status, metric) when it breaks.
+func (s *Server) kvSelfCheck(rt *ruleRuntime, obs *kvObservation) {
+	if rt.kv == nil {
+		return
+	}
+	reported := obs.scan.reported()
+	raised, detail := rt.kv.parity.observe(obs.predicted, reported, rt.kv.blockSize)
+	outcome := "neutral"
+	switch {
+	case reported < 0 || (obs.predicted == 0 && reported == 0):
+	case abs(obs.predicted-reported) < rt.kv.blockSize:
+		outcome = "agree"
+	default:
+		outcome = "mismatch"
+	}
+	s.metrics.kvParity.WithLabelValues(rt.rule.Name, outcome).Inc()
+	if raised {
+		s.log.Error("kv-exact hash parity broken: the engine's cache reuse does not match the gateway's prediction; check kvHashSeed (PYTHONHASHSEED), kvBlockSize and the tokenizer",
+			"rule", rt.rule.Name, "mismatches_in_a_row", parityThreshold, "last", detail)
+	}
+}
+
+func (kv *kvRuntime) endpointStatus(i int) *EndpointKVStatus {
+	healthy, conn, inv := kv.ready(i)
+	st := kv.ingest[i].State()
+	return &EndpointKVStatus{
+		Ready: healthy && conn && inv, Healthy: healthy, EventsConnected: conn, InventoryOrProof: inv,
+		InventoryBlocks: kv.index.Blocks(i), Admission: st.Admission, LastSeq: st.LastSeq, Events: st.Events,
+		Resyncs: st.Resyncs, LastResyncReason: st.LastResyncReason, Malformed: st.Malformed, Dropped: st.Dropped,
+	}
+}
+
+// InventoryStatus is GET /v1/rules/{name}/inventory.
+type InventoryStatus struct {
+	Rule      string              `json:"rule"`
+	HashAlgo  string              `json:"hash_algo"`
+	BlockSize int                 `json:"block_size"`
+	Endpoints []InventoryEndpoint `json:"endpoints"`
+}
+
+// InventoryEndpoint is one endpoint's inventory summary with a sample of
+// its keys (as unsigned decimal, the engines' 64-bit bit patterns).
+type InventoryEndpoint struct {
+	ID string `json:"id"`
+	EndpointKVStatus
+	Sample []uint64 `json:"sample_keys"`
+}
+
+// Inventory returns rule name's KV inventory summary.
+func (s *Server) Inventory(name string, sample int) (*InventoryStatus, error) {
+	s.mu.Lock()
+	rt := s.rules[name]
+	s.mu.Unlock()
+	if rt == nil {
+		return nil, fmt.Errorf("%w: %q", ErrRuleNotFound, name)
+	}
+	if rt.kv == nil {
+		return nil, fmt.Errorf("%w: rule %q has kvExactMode 0: it keeps no KV inventory", errAdminBadRequest, name)
+	}
+	out := &InventoryStatus{Rule: name, HashAlgo: rt.rule.KVHashAlgo, BlockSize: rt.rule.KVBlockSize}
+	for i, ep := range rt.kv.pool {
+		keys := rt.kv.index.Keys(i, sample)
+		if keys == nil {
+			keys = []uint64{}
+		}
+		out.Endpoints = append(out.Endpoints, InventoryEndpoint{ID: ep.ID, EndpointKVStatus: *rt.kv.endpointStatus(i), Sample: keys})
+	}
+	return out, nil
+}
