@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/gateway/rule"
 )
 
 // kvRule builds a KV-exact (kvExactMode 3, CHWBL fallback) rule over sims
@@ -242,5 +244,90 @@ func TestKVExactSeedMismatchRaisesParityWarning(t *testing.T) {
 	}
 	if got := gw.metricValue(t, "llmgw_kv_parity_broken", "kv"); got != 1 {
 		t.Errorf("llmgw_kv_parity_broken = %v; want 1", got)
+	}
+}
+
+func TestKVExactMode1ScoresPrefillEndpoints(t *testing.T) {
+	var prefills []*sim.Sim
+	for i := 0; i < 2; i++ {
+		s, err := sim.Start(t.Context(), sim.Config{Engine: engines.VLLM, Model: "m", Role: sim.RolePrefill, KVEvents: "tcp://127.0.0.1:0", PrefillPerToken: time.Microsecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		prefills = append(prefills, s)
+	}
+	d := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+	var sb strings.Builder
+	sb.WriteString("name: pdkv\nmodel_name: m\nkvEngineType: vllm\nkvExactMode: 1\npd_disagg_mode: true\nprobe: {disabled: true}\nendpoints:\n")
+	for i, p := range prefills {
+		h, port := hostPort(t, p.Addrs().HTTP)
+		fmt.Fprintf(&sb, "  - {id: p%d, endpointIP: %s, targetPort: %d, ep_role: 1, kvEventsEndpoint: %q, kvReplayEndpoint: %q}\n", i+1, h, port, p.Addrs().Events, p.Addrs().Replay)
+	}
+	h, port := hostPort(t, d.Addrs().HTTP)
+	fmt.Fprintf(&sb, "  - {id: d1, endpointIP: %s, targetPort: %d, ep_role: 2}\n", h, port)
+	gw := startGateway(t, "", nil)
+	mustApply(t, gw, sb.String())
+	rt := gw.rules["pdkv"]
+	if len(rt.kv.pool) != 2 {
+		t.Fatalf("kv pool has %d endpoints; want the 2 prefill endpoints only", len(rt.kv.pool))
+	}
+	eventually(t, 10*time.Second, "streams", func() bool { _, a, _ := rt.kv.ready(0); _, b, _ := rt.kv.ready(1); return a && b })
+	c := newClient(t)
+	url := "http://" + gw.Addr() + "/v1/chat/completions"
+	system := kvPrompt("disaggregation", 10)
+	resp, out := post(t, c, url, chatBodyFor(system, "first"))
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, out)
+	}
+	var warm int
+	switch {
+	case len(prefills[0].Receipts()) == 1:
+		warm = 0
+	case len(prefills[1].Receipts()) == 1:
+		warm = 1
+	default:
+		t.Fatalf("prefill receipts %d/%d", len(prefills[0].Receipts()), len(prefills[1].Receipts()))
+	}
+	eventually(t, 10*time.Second, "the warmed prefill's inventory", func() bool { return rt.kv.index.Blocks(warm) > 0 })
+	for i := 0; i < 3; i++ {
+		resp, _ = post(t, c, url, chatBodyFor(system, fmt.Sprint("follow-up ", i)))
+		route := resp.Header.Get("X-Llmgw-Route")
+		if !strings.Contains(route, fmt.Sprintf("prefill=p%d (kv-exact hit=", warm+1)) {
+			t.Errorf("follow-up %d route %q; want the warmed prefill p%d by a kv-exact hit", i, route, warm+1)
+		}
+	}
+	recs := prefills[warm].Receipts()
+	if last := recs[len(recs)-1]; last.CachedTokens == 0 {
+		t.Errorf("the warmed prefill reported no cached tokens: %+v", last)
+	}
+}
+
+func TestKVExactTRTAdmission(t *testing.T) {
+	s, err := sim.Start(t.Context(), sim.Config{Engine: engines.TRTLLM, Model: "m", PrefillPerToken: time.Microsecond}) // tokens_per_block 32
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	gw := startGateway(t, "", nil)
+	mustApply(t, gw, kvRule(t, "trt16", "trtllm", 16, []*sim.Sim{s}))
+	rt := gw.rules["trt16"]
+	eventually(t, 10*time.Second, "the block-size refusal", func() bool {
+		return strings.HasPrefix(rt.kv.ingest[0].State().Admission, "refused")
+	})
+	st, _ := gw.Rule("trt16")
+	if kv := st.Status.Endpoints[0].KV; kv == nil || kv.Ready || kv.EventsConnected || !strings.Contains(kv.Admission, "32") {
+		t.Errorf("endpoint kv status %+v; want not ready, refused naming tokens_per_block 32", kv)
+	}
+	// A second rule polling the same worker is refused with a conflict.
+	y := strings.Replace(strings.Replace(kvRule(t, "trt32", "trtllm", 32, []*sim.Sim{s}), "model_name: m", "model_name: m2", 1), "name: trt32", "name: trt32", 1)
+	r, err := rule.Decode([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = gw.Apply(r, true)
+	var ae *rule.AdmissionError
+	if !errors.As(err, &ae) || !ae.Conflict || ae.Code != "trtllm_event_consumer_conflict" {
+		t.Errorf("second TRT consumer: %v; want a trtllm_event_consumer_conflict conflict", err)
 	}
 }

@@ -3,6 +3,8 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"sort"
 	"time"
 
@@ -44,6 +46,9 @@ func (s *Server) Apply(r *rule.Rule, create bool) (*rule.Rule, error) {
 		return nil, err
 	}
 	eff := r.Effective()
+	if err := trtConsumerConflict(eff, others); err != nil {
+		return nil, err
+	}
 	// Bind a new dedicated listener before persisting: a rule that cannot be
 	// served must not be acknowledged.
 	key := rule.ListenKey(eff.Listen)
@@ -291,4 +296,38 @@ func (rt *ruleRuntime) status(addr string) *RuleStatus {
 		st.Status.KVReady, st.Status.KVParity = &anyReady, &ps
 	}
 	return st
+}
+
+// trtConsumerConflict refuses a KV-exact TensorRT-LLM rule that would poll
+// an endpoint another rule already polls: /kv_cache_events is drained when
+// read, so a second consumer would steal events from the first and both
+// inventories would silently diverge from the engine.
+func trtConsumerConflict(eff *rule.Rule, others []*rule.Rule) error {
+	if eff.KVEngineType != "trtllm" || eff.KVExactMode == 0 {
+		return nil
+	}
+	polled := func(r *rule.Rule) map[string]bool {
+		m := map[string]bool{}
+		for _, e := range r.Endpoints {
+			if r.KVExactMode == 1 && e.EPRole != 1 {
+				continue
+			}
+			m[net.JoinHostPort(e.EndpointIP, strconv.Itoa(e.TargetPort))] = true
+		}
+		return m
+	}
+	mine := polled(eff)
+	for _, o := range others {
+		oe := o.Effective()
+		if oe.KVEngineType != "trtllm" || oe.KVExactMode == 0 {
+			continue
+		}
+		for addr := range polled(oe) {
+			if mine[addr] {
+				return &rule.AdmissionError{Code: "trtllm_event_consumer_conflict", Field: "endpoints", Conflict: true,
+					Message: fmt.Sprintf("rule %q already polls TensorRT-LLM KV events at %s; /kv_cache_events is drained when read, so only one rule may consume it (use one rule, or kvExactMode 0 here)", oe.Name, addr)}
+			}
+		}
+	}
+	return nil
 }
