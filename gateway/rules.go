@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/llmgw/llmgw/gateway/rule"
