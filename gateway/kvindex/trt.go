@@ -212,16 +212,21 @@ func (g *Ingester) runTRT(ctx context.Context) error {
 		}
 		g.st.Connected, everConnected = true, true
 		g.mu.Unlock()
-		n := g.applyTRTBody(body)
-		if n > 0 {
-			interval = g.cfg.PollMin
-		} else {
-			interval = min(time.Duration(float64(interval)*1.5), g.cfg.PollMax)
-		}
+		interval = nextPoll(interval, g.cfg.PollMin, g.cfg.PollMax, g.applyTRTBody(body) > 0)
 		if !sleepCtx(ctx, interval) {
 			return ctx.Err()
 		}
 	}
+}
+
+// nextPoll is the adaptive cadence: back to lo as soon as a drain returns
+// events, otherwise ×1.5 up to hi, so an idle worker is asked rarely and a
+// busy one often.
+func nextPoll(cur, lo, hi time.Duration, gotEvents bool) time.Duration {
+	if gotEvents {
+		return lo
+	}
+	return min(max(cur+cur/2, lo), hi)
 }
 
 func (g *Ingester) admission() string {

@@ -365,3 +365,27 @@ func TestIngestTRTRules(t *testing.T) {
 		})
 	}
 }
+
+func TestNextPoll(t *testing.T) {
+	const lo, hi = 4 * time.Millisecond, 20 * time.Millisecond
+	cases := []struct {
+		name   string
+		cur    time.Duration
+		events bool
+		want   time.Duration
+	}{
+		{"events_reset_to_min", 18 * time.Millisecond, true, lo},
+		{"empty_grows_by_half", lo, false, 6 * time.Millisecond},
+		{"empty_grows_again", 6 * time.Millisecond, false, 9 * time.Millisecond},
+		{"empty_capped_at_max", 16 * time.Millisecond, false, hi},
+		{"empty_at_max_stays", hi, false, hi},
+		{"below_min_is_raised", time.Millisecond, false, lo},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := nextPoll(tc.cur, lo, hi, tc.events); got != tc.want {
+				t.Errorf("nextPoll(%v, events=%v): got %v, want %v", tc.cur, tc.events, got, tc.want)
+			}
+		})
+	}
+}
