@@ -331,3 +331,40 @@ func TestKVExactTRTAdmission(t *testing.T) {
 		t.Errorf("second TRT consumer: %v; want a trtllm_event_consumer_conflict conflict", err)
 	}
 }
+
+func TestKVExactEngineTokenizer(t *testing.T) {
+	var sims []*sim.Sim
+	for i := 0; i < 2; i++ {
+		s, err := sim.Start(t.Context(), sim.Config{Engine: engines.VLLM, Model: "m", KVEvents: "tcp://127.0.0.1:0", PrefillPerToken: time.Microsecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		sims = append(sims, s)
+	}
+	gw := startGateway(t, "", nil)
+	mustApply(t, gw, strings.Replace(kvRule(t, "kv", "vllm", 16, sims), "kvExactMode: 3\n", "kvExactMode: 3\nkvTokenizer: engine\n", 1))
+	rt := gw.rules["kv"]
+	eventually(t, 10*time.Second, "streams", func() bool { _, a, _ := rt.kv.ready(0); _, b, _ := rt.kv.ready(1); return a && b })
+	c := newClient(t)
+	url := "http://" + gw.Addr() + "/v1/chat/completions"
+	system := kvPrompt("engine tokenizer", 8)
+	resp, _ := post(t, c, url, chatBodyFor(system, "q1"))
+	warm := resp.Header.Get("X-Llmgw-Endpoint")
+	pos := 0
+	if warm == "w2" {
+		pos = 1
+	}
+	eventually(t, 10*time.Second, "inventory", func() bool { return rt.kv.index.Blocks(pos) > 0 })
+	resp, _ = post(t, c, url, chatBodyFor(system, "q2"))
+	if route := resp.Header.Get("X-Llmgw-Route"); resp.Header.Get("X-Llmgw-Endpoint") != warm || !strings.HasPrefix(route, "kv-exact hit=") {
+		t.Errorf("follow-up to %s route %q; want %s by a kv-exact hit via the engine's /tokenize", resp.Header.Get("X-Llmgw-Endpoint"), route, warm)
+	}
+	// The same request again is answered from the tokenization cache.
+	lt := rt.kv.tok.(*engineTokenizer)
+	n := lt.cache.ll.Len()
+	post(t, c, url, chatBodyFor(system, "q2"))
+	if lt.cache.ll.Len() != n {
+		t.Errorf("a repeated request was tokenized again (cache %d -> %d entries)", n, lt.cache.ll.Len())
+	}
+}

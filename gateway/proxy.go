@@ -132,6 +132,11 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 	}
 	st := statePool.Get().(*reqState)
 	defer statePool.Put(st)
+	if s.cfg.LogPayloads {
+		// Payloads may hold personal data: logged only when the operator
+		// asked for it (--log-payloads), and only at debug level.
+		s.log.Debug("request payload", "path", string(ctx.Path()), "body", string(ctx.PostBody()))
+	}
 	v, model, err := openai.Decode(&st.parser, ctx.PostBody())
 	if err != nil {
 		writeError(ctx, err)
@@ -358,6 +363,9 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 			return
 		}
 		ctx.Response.SetBody(body)
+		if s.cfg.LogPayloads {
+			s.log.Debug("response payload", "rule", rt.rule.Name, "endpoint", ep.ID, "status", status, "body", string(body))
+		}
 		if obs != nil {
 			obs.scan.write(body)
 			s.kvSelfCheck(rt, obs)
