@@ -114,13 +114,38 @@ func newMetrics(s *Server) *metrics {
 	return m
 }
 
-// observe records one finished request.
-func (m *metrics) observe(rule, endpoint string, status int, total, upstreamDur, ttfb time.Duration) {
-	m.requests.WithLabelValues(rule, endpoint, statusLabel(status)).Inc()
-	m.upstreamLatency.WithLabelValues(rule).Observe(upstreamDur.Seconds())
-	m.ttfb.WithLabelValues(rule).Observe(ttfb.Seconds())
+// ruleMetrics holds a rule's series with their labels resolved once, so
+// that recording a request does not hash label values on the hot path.
+type ruleMetrics struct {
+	m                        *metrics
+	rule                     string
+	upstream, ttfb, overhead prometheus.Observer
+	ok                       []prometheus.Counter // status 200, by endpoint Index
+}
+
+func (m *metrics) forRule(rule string, endpointIDs []string) *ruleMetrics {
+	rm := &ruleMetrics{m: m, rule: rule,
+		upstream: m.upstreamLatency.WithLabelValues(rule),
+		ttfb:     m.ttfb.WithLabelValues(rule),
+		overhead: m.overhead.WithLabelValues(rule),
+	}
+	for _, id := range endpointIDs {
+		rm.ok = append(rm.ok, m.requests.WithLabelValues(rule, id, "200"))
+	}
+	return rm
+}
+
+// observe records one finished request on endpoint ep (its Index and ID).
+func (rm *ruleMetrics) observe(epIndex int, epID string, status int, total, upstreamDur, ttfb time.Duration) {
+	if status == 200 && epIndex >= 0 && epIndex < len(rm.ok) {
+		rm.ok[epIndex].Inc()
+	} else {
+		rm.m.requests.WithLabelValues(rm.rule, epID, statusLabel(status)).Inc()
+	}
+	rm.upstream.Observe(upstreamDur.Seconds())
+	rm.ttfb.Observe(ttfb.Seconds())
 	if over := total - upstreamDur; over >= 0 {
-		m.overhead.WithLabelValues(rule).Observe(over.Seconds())
+		rm.overhead.Observe(over.Seconds())
 	}
 }
 
@@ -230,5 +255,18 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descKVResyncs, prometheus.CounterValue, float64(st.Resyncs), n, ep.ID)
 			ch <- prometheus.MustNewConstMetric(descKVMalformed, prometheus.CounterValue, float64(st.Malformed), n, ep.ID)
 		}
+	}
+}
+
+// dropRule removes a deleted rule's series, so /metrics does not keep
+// reporting a rule that no longer exists.
+func (m *metrics) dropRule(rule string) {
+	l := prometheus.Labels{"rule": rule}
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+		m.requests, m.retries, m.clientCancels, m.streamErrors, m.breakerTransitions, m.probeTransitions,
+		m.upstreamLatency, m.ttfb, m.overhead, m.pdRequests, m.pdPrefillDuration, m.pdDecodeTTFT,
+		m.pdKVParams, m.pdEarlyExit, m.kvHits, m.kvMisses, m.kvMatched, m.kvParity,
+	} {
+		v.DeletePartialMatch(l)
 	}
 }

@@ -813,7 +813,7 @@ func (r *pdRequest) finishDecode(dl *decodeLegState, cancelAll context.CancelFun
 		}
 		m.pdRequests.WithLabelValues(name, "decode", status).Inc()
 		m.pdRequests.WithLabelValues(name, "complete", status).Inc()
-		m.observe(name, dl.ep.ID, code, time.Since(r.start), time.Since(dl.t0), ttfb)
+		r.rt.obs.observe(dl.ep.Index, dl.ep.ID, code, time.Since(r.start), time.Since(dl.t0), ttfb)
 	}
 	if !sse {
 		data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))

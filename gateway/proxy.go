@@ -371,7 +371,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 			s.kvSelfCheck(rt, obs)
 		}
 		fasthttp.ReleaseResponse(resp)
-		m.observe(rt.rule.Name, ep.ID, status, time.Since(start), upDur, upDur)
+		rt.obs.observe(ep.Index, ep.ID, status, time.Since(start), upDur, upDur)
 		return
 	}
 
@@ -437,7 +437,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 		if obs != nil && !clientGone && upErr == nil {
 			s.kvSelfCheck(rt, obs)
 		}
-		m.observe(ruleName, ep.ID, code, time.Since(start), upDur, ttfb)
+		rt.obs.observe(ep.Index, ep.ID, code, time.Since(start), upDur, ttfb)
 	})
 }
 

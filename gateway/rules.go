@@ -145,6 +145,7 @@ func (s *Server) Delete(name string, drain time.Duration) (abandoned int64, err 
 	delete(s.rules, name)
 	s.publishLocked()
 	rt.stop()
+	s.metrics.dropRule(name)
 	s.log.Info("rule deleted", "rule", name)
 	return rt.inFlight(), nil
 }

@@ -27,6 +27,7 @@ type ruleRuntime struct {
 	picker    policy.Picker
 	pd        *pdRuntime // nil unless pd_disagg_mode
 	kv        *kvRuntime // nil unless kvExactMode is 1 or 3
+	obs       *ruleMetrics
 
 	sessSource string // "header", "cookie", "query" or "" (body user only)
 	sessName   []byte
@@ -77,6 +78,11 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 		rt.byID[e.ID] = ep
 		rt.clients = append(rt.clients, s.hostClient(addr, eff.Timeouts))
 	}
+	ids := make([]string, len(rt.eps))
+	for i, ep := range rt.eps {
+		ids[i] = ep.ID
+	}
+	rt.obs = s.metrics.forRule(eff.Name, ids)
 	p, err := policy.New(policy.Config{
 		Sel:        eff.Sel,
 		LoadFactor: eff.CHWBL.LoadFactor,
