@@ -383,3 +383,48 @@ func TestPDTimeoutsAndLifecycle(t *testing.T) {
 		}
 	})
 }
+
+func TestPDSGLangPrefillRejectionAndRetry(t *testing.T) {
+	t.Run("prefill 4xx is relayed verbatim and the decode aborted", func(t *testing.T) {
+		rejecting := newBackend(t, "prefill", func(ctx *fasthttp.RequestCtx) {
+			ctx.SetStatusCode(400)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"object":"error","message":"prompt too long for prefill","type":"BadRequestError","param":null,"code":400}`)
+		})
+		d := startSimT(t, sim.Config{Engine: engines.SGLang, Role: sim.RoleDecode, RendezvousTimeout: 3 * time.Second})
+		dh, dp := hostPort(t, d.Addrs().HTTP)
+		s := startGateway(t, "", nil)
+		mustApply(t, s, fmt.Sprintf("name: pd\nmodel_name: m\nkvEngineType: sglang\npd_disagg_mode: true\nprobe: {disabled: true}\nendpoints:\n  - {id: p1, endpointIP: 127.0.0.1, targetPort: %d, ep_role: 1}\n  - {id: d1, endpointIP: %s, targetPort: %d, ep_role: 2}\n", rejecting.port(), dh, dp))
+		start := time.Now()
+		resp, out := post(t, newClient(t), "http://"+s.Addr()+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]}`)
+		if resp.StatusCode != 400 || !strings.Contains(out, "prompt too long for prefill") {
+			t.Errorf("%d %s; want the prefill's 400 verbatim", resp.StatusCode, out)
+		}
+		if time.Since(start) > 2*time.Second {
+			t.Errorf("took %v: the decode leg was not aborted", time.Since(start))
+		}
+		eventually(t, 5*time.Second, "legs released", func() bool { return s.rules["pd"].inFlight() == 0 })
+	})
+	t.Run("a dead prefill is retried once with a fresh pair and room", func(t *testing.T) {
+		good := startSimT(t, sim.Config{Engine: engines.SGLang, Role: sim.RolePrefill})
+		d := startSimT(t, sim.Config{Engine: engines.SGLang, Role: sim.RoleDecode})
+		gh, gp := hostPort(t, good.Addrs().HTTP)
+		_, gbp := hostPort(t, good.Addrs().Bootstrap)
+		dh, dp := hostPort(t, d.Addrs().HTTP)
+		s := startGateway(t, "", nil)
+		// The dead prefill is first: least in-flight with rotation starts
+		// at position 0.
+		mustApply(t, s, fmt.Sprintf("name: pd\nmodel_name: m\nkvEngineType: sglang\npd_disagg_mode: true\nprobe: {disabled: true}\nendpoints:\n  - {id: dead, endpointIP: 127.0.0.1, targetPort: %d, ep_role: 1}\n  - {id: p1, endpointIP: %s, targetPort: %d, ep_role: 1, bootstrapPort: %d}\n  - {id: d1, endpointIP: %s, targetPort: %d, ep_role: 2}\n", deadPort(t), gh, gp, gbp, dh, dp))
+		resp, out := post(t, newClient(t), "http://"+s.Addr()+"/v1/chat/completions", `{"model":"m","max_tokens":3,"messages":[{"role":"user","content":"x"}]}`)
+		if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("X-Llmgw-Route"), "prefill=p1") {
+			t.Fatalf("%d route %q %s; want 200 through p1 after one retry", resp.StatusCode, resp.Header.Get("X-Llmgw-Route"), out)
+		}
+		pr, dr := good.Receipts(), d.Receipts()
+		if len(pr) != 1 || len(dr) != 1 || *pr[0].Bootstrap != *dr[0].Bootstrap {
+			t.Errorf("retry pair receipts: prefill %d decode %d", len(pr), len(dr))
+		}
+		if got := s.metricValue(t, "llmgw_retries_total", "pd"); got != 1 {
+			t.Errorf("retries = %v; want 1", got)
+		}
+	})
+}
