@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,9 +65,6 @@ type kvRuntime struct {
 	canary []atomic.Bool
 }
 
-// kvPoolMaxBlocks bounds each endpoint's inventory in the gateway.
-const kvPoolMaxBlocks = 1 << 20
-
 func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint) (*kvRuntime, error) {
 	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: eff.CHWBL.LoadFactor}
 	for _, ep := range eps {
@@ -95,7 +95,7 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint) (*kvRunti
 	}); err != nil {
 		return nil, fmt.Errorf("kvTokenizer %q: %w", eff.KVTokenizer, err)
 	}
-	kv.index = kvindex.New(len(kv.pool), kvPoolMaxBlocks)
+	kv.index = kvindex.New(len(kv.pool), s.cfg.KVMaxBlocks)
 	kv.canary = make([]atomic.Bool, len(kv.pool))
 	for i, ep := range kv.pool {
 		cfg := kvindex.IngestConfig{Engine: eff.KVEngineType, Endpoint: i, BlockSize: eff.KVBlockSize, Logger: s.log.With("rule", eff.Name, "endpoint", ep.ID)}
@@ -483,4 +483,92 @@ func (s *Server) Inventory(name string, sample int) (*InventoryStatus, error) {
 		out.Endpoints = append(out.Endpoints, InventoryEndpoint{ID: ep.ID, EndpointKVStatus: *rt.kv.endpointStatus(i), Sample: keys})
 	}
 	return out, nil
+}
+
+// canaryEvery is how often endpoints still lacking parity proof are probed.
+const canaryEvery = 3 * time.Second
+
+// canaryLoop gives each scored endpoint its readiness proof before it holds
+// inventory: an endpoint whose event stream is connected but whose
+// inventory is empty gets one small canary completion (max_tokens 1); when
+// the block hashes the gateway computes for it appear in the endpoint's
+// published inventory, hash parity is proven and the endpoint is ready.
+// Once proven it is never probed again. It runs until ctx ends.
+func (kv *kvRuntime) canaryLoop(ctx context.Context, s *Server, r *rule.Rule) {
+	client := &http.Client{Timeout: 30 * time.Second}
+	defer client.CloseIdleConnections()
+	t := time.NewTimer(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for i, ep := range kv.pool {
+			if kv.canary[i].Load() || kv.index.Blocks(i) > 0 {
+				continue
+			}
+			if _, conn, _ := kv.ready(i); !conn || !ep.Available() {
+				continue
+			}
+			if ok, err := kv.canaryOnce(ctx, client, i, r); err != nil {
+				s.log.Debug("kv canary not run", "rule", r.Name, "endpoint", ep.ID, "err", err)
+			} else if ok {
+				kv.canary[i].Store(true)
+				s.log.Info("kv canary proved hash parity", "rule", r.Name, "endpoint", ep.ID)
+			} else {
+				s.log.Warn("kv canary: the endpoint's published block hashes do not include the gateway's; check kvHashSeed (PYTHONHASHSEED), kvBlockSize and the tokenizer", "rule", r.Name, "endpoint", ep.ID)
+			}
+		}
+		t.Reset(canaryEvery)
+	}
+}
+
+// canaryOnce sends the canary to pool position i and reports whether the
+// gateway's first block key shows up in its inventory within 3 s.
+func (kv *kvRuntime) canaryOnce(ctx context.Context, client *http.Client, i int, r *rule.Rule) (bool, error) {
+	ep := kv.pool[i]
+	prompt := strings.Repeat("llmgw canary: prove that gateway and engine hash the same blocks. ", 8)
+	body := fmt.Appendf(nil, `{"model":%q,"prompt":%q,"max_tokens":1,"stream":false}`, r.ModelName, prompt)
+	var p fastjson.Parser
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return false, err
+	}
+	var sc kvScratch
+	if sc.ids, err = kv.tok.tokens(nil, v, openai.Completion); err != nil {
+		return false, err
+	}
+	sc.keys = kv.hasher.BlockKeys(nil, sc.ids)
+	if len(sc.keys) == 0 {
+		return false, fmt.Errorf("canary prompt shorter than one block of %d tokens", kv.blockSize)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep.Addr+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", "llmgw-canary-"+strconv.FormatInt(time.Now().UnixNano(), 16))
+	resp, err := client.Do(req)
+	if err != nil {
+		return false, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("canary answered %d", resp.StatusCode)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if kv.index.Contains(i, sc.keys[0]) {
+			return true, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return false, nil
 }

@@ -280,14 +280,14 @@ func TestKVExactMode1ScoresPrefillEndpoints(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, out)
 	}
-	var warm int
-	switch {
-	case len(prefills[0].Receipts()) == 1:
-		warm = 0
-	case len(prefills[1].Receipts()) == 1:
-		warm = 1
-	default:
-		t.Fatalf("prefill receipts %d/%d", len(prefills[0].Receipts()), len(prefills[1].Receipts()))
+	warm := -1
+	for i := range prefills {
+		if strings.Contains(resp.Header.Get("X-Llmgw-Route"), fmt.Sprintf("prefill=p%d ", i+1)) {
+			warm = i
+		}
+	}
+	if warm < 0 {
+		t.Fatalf("route %q names no prefill", resp.Header.Get("X-Llmgw-Route"))
 	}
 	eventually(t, 10*time.Second, "the warmed prefill's inventory", func() bool { return rt.kv.index.Blocks(warm) > 0 })
 	for i := 0; i < 3; i++ {

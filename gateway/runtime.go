@@ -129,6 +129,11 @@ func (rt *ruleRuntime) start(s *Server) {
 	rt.cancel = cancel
 	if rt.kv != nil {
 		rt.kv.run(ctx, &rt.wg, s, rt.rule.Name)
+		rt.wg.Add(1)
+		go func() {
+			defer rt.wg.Done()
+			rt.kv.canaryLoop(ctx, s, rt.rule)
+		}()
 	}
 	if !rt.rule.Probe.Disabled {
 		for _, ep := range rt.eps {

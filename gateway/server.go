@@ -41,6 +41,10 @@ type Config struct {
 	MaxBodyBytes int
 	// TLSCert and TLSKey, when both set, serve the data plane over TLS.
 	TLSCert, TLSKey string
+	// KVMaxBlocks bounds each endpoint's KV-exact inventory (blocks, LRU
+	// beyond it); default 1,048,576 (about 64 MiB per endpoint at the
+	// index's ≤ 64 bytes per block).
+	KVMaxBlocks int
 	// LogPayloads logs prompt and completion bodies at debug level. Off by
 	// default: payloads may carry personal data.
 	LogPayloads bool
@@ -108,6 +112,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 8 << 20
+	}
+	if cfg.KVMaxBlocks <= 0 {
+		cfg.KVMaxBlocks = 1 << 20
 	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return nil, errors.New("gateway: TLS needs both a certificate and a key (--tls-cert and --tls-key)")

@@ -87,6 +87,7 @@ const (
 	CodeKVExactSingleWithPD  = "kv_exact_single_role_with_pd" // ref V5
 	CodeKVExactPDWithoutPD   = "kv_exact_pd_requires_pd"      // ref V7
 	CodeKVExactMode          = "kv_exact_mode"                // ref V13 and §16 #33
+	CodeKVExactSel           = "kv_exact_sel"
 	CodeKVEngineType         = "kv_engine_type"               // ref V8
 	CodeLlamacppKVExact      = "llamacpp_kv_exact"
 	CodeLlamacppPD           = "llamacpp_pd"
@@ -175,7 +176,7 @@ func Admit(r *Rule, existing *Rule, others []*Rule) error {
 	}
 	for _, check := range []func(*Rule) *AdmissionError{
 		checkName, checkMode, checkSel, checkEndpoints, checkPD, checkKVExact,
-		checkEngine, checkKVFields, checkTokenizer, checkSession, checkCHWBL,
+		checkEngine, checkKVExactSel, checkKVFields, checkTokenizer, checkSession, checkCHWBL,
 		checkProbe, checkCB, checkTimeouts, checkListen,
 	} {
 		if err := check(r); err != nil {
@@ -373,6 +374,17 @@ func checkPD(r *Rule) *AdmissionError {
 	}
 	if prefill+decode > 0 {
 		return bad(CodeRoleRequiresPD, "endpoints", "%d endpoints have ep_role 1 or 2, which only mean something with pd_disagg_mode: true; set it, or drop ep_role", prefill+decode)
+	}
+	return nil
+}
+
+// checkKVExactSel: a single-pool KV-exact rule routes requests whose prefix
+// no endpoint holds with CHWBL (the content affinity that keeps a new prefix
+// on one worker so it becomes a KV hit next time), so its sel must be 8 or
+// 10 (weighted). Anything else would be silently ignored.
+func checkKVExactSel(r *Rule) *AdmissionError {
+	if r.KVExactMode == 3 && r.Sel != 8 && r.Sel != 10 {
+		return bad(CodeKVExactSel, "sel", "kvExactMode 3 falls back to CHWBL when no endpoint holds a request's prefix: set sel 8 (CHWBL) or 10 (weighted CHWBL), got %d (%s)", r.Sel, selName(r.Sel))
 	}
 	return nil
 }

@@ -22,6 +22,7 @@ type ServeOptions struct {
 	RulesFile      string
 	AdminTokenFile string
 	MaxBodyBytes   int
+	KVMaxBlocks    int
 	TLSCert        string
 	TLSKey         string
 	LogLevel       string
@@ -67,6 +68,7 @@ that fails admission stops the start with the reason.`,
 	f.StringVar(&opts.RulesFile, "rules", "", "YAML or JSON file of rules to apply at start (one rule, a list, or rules: [...])")
 	f.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the bearer token required for mutating admin calls")
 	f.IntVar(&opts.MaxBodyBytes, "max-body-bytes", 8<<20, "largest accepted request body; larger bodies get 413")
+	f.IntVar(&opts.KVMaxBlocks, "kv-max-blocks", 1<<20, "KV-exact inventory cap per endpoint, in blocks (least recently stored blocks are dropped beyond it)")
 	f.StringVar(&opts.TLSCert, "tls-cert", "", "PEM certificate for TLS on the data plane (with --tls-key)")
 	f.StringVar(&opts.TLSKey, "tls-key", "", "PEM private key for TLS on the data plane (with --tls-cert)")
 	f.StringVar(&opts.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -97,6 +99,9 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	if opts.MaxBodyBytes <= 0 {
 		return usageErrorf("--max-body-bytes must be positive, got %d", opts.MaxBodyBytes)
 	}
+	if opts.KVMaxBlocks <= 0 {
+		return usageErrorf("--kv-max-blocks must be positive, got %d", opts.KVMaxBlocks)
+	}
 	log := slog.New(slog.NewTextHandler(opts.IO.ErrOut, &slog.HandlerOptions{Level: level}))
 	var token string
 	if opts.AdminTokenFile != "" {
@@ -121,7 +126,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	srv, err := gateway.New(gateway.Config{
 		Listen: opts.Listen, Admin: opts.Admin, AdminToken: token, StateDir: opts.StateDir,
-		MaxBodyBytes: opts.MaxBodyBytes, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
+		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
 		LogPayloads: opts.LogPayloads, Logger: log,
 	})
 	if err != nil {
