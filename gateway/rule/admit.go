@@ -88,7 +88,7 @@ const (
 	CodeKVExactPDWithoutPD   = "kv_exact_pd_requires_pd"      // ref V7
 	CodeKVExactMode          = "kv_exact_mode"                // ref V13 and §16 #33
 	CodeKVExactSel           = "kv_exact_sel"
-	CodeKVEngineType         = "kv_engine_type"               // ref V8
+	CodeKVEngineType         = "kv_engine_type" // ref V8
 	CodeLlamacppKVExact      = "llamacpp_kv_exact"
 	CodeLlamacppPD           = "llamacpp_pd"
 	CodeKVDpRankCount        = "kv_dp_rank_count"    // ref V9
