@@ -151,11 +151,11 @@ type tokenCache struct {
 	// is pre-tokenized.
 	markers []string
 	mu      sync.Mutex
-	max   int
-	ll    *list.List
-	items map[uint64]*list.Element
-	hits  uint64
-	miss  uint64
+	max     int
+	ll      *list.List
+	items   map[uint64]*list.Element
+	hits    uint64
+	miss    uint64
 }
 
 type tokenCacheEntry struct {
