@@ -91,7 +91,9 @@ func newBackend(t *testing.T, name string, handler func(ctx *fasthttp.RequestCtx
 			}
 			b.hits.Add(1)
 			h := http.Header{}
-			ctx.Request.Header.VisitAll(func(k, v []byte) { h.Add(string(k), string(v)) })
+			for k, v := range ctx.Request.Header.All() {
+				h.Add(string(k), string(v))
+			}
 			b.mu.Lock()
 			b.headers = append(b.headers, h)
 			b.mu.Unlock()

@@ -152,13 +152,13 @@ func (s *Server) servePD(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 	id := string(requestID(ctx, st))
 	ctx.Response.Header.Set("X-Request-Id", id)
 	r := &pdRequest{s: s, rt: rt, pd: rt.pd, ctx: ctx, body: body, path: string(ctx.Path()), hdr: http.Header{}, stream: stream, id: id, start: start, v: v, kind: kind}
-	ctx.Request.Header.VisitAll(func(k, v []byte) {
+	for k, v := range ctx.Request.Header.All() {
 		switch strings.ToLower(string(k)) {
 		case "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "proxy-authorization", "x-request-id":
-			return
+			continue
 		}
 		r.hdr.Add(string(k), string(v))
-	})
+	}
 	r.hdr.Set("Content-Type", "application/json")
 	r.hdr.Set("X-Request-Id", id)
 	r.preq = policy.Request{Session: st.preq.Session}

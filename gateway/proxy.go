@@ -324,13 +324,13 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 		}
 	}
 	ctx.Response.Header.SetStatusCode(status)
-	resp.Header.VisitAll(func(k, v []byte) {
+	for k, v := range resp.Header.All() {
 		// The gateway owns X-Request-Id (already set, the same value the
 		// worker was sent); copying a worker's echo would duplicate it.
 		if !bytes.EqualFold(k, hdrRequestID) {
 			ctx.Response.Header.AddBytesKV(k, v)
 		}
-	})
+	}
 	for _, h := range hopHeaders {
 		ctx.Response.Header.Del(h)
 	}
