@@ -1,0 +1,73 @@
+package converged
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/llmgw/llmgw/results"
+	"github.com/llmgw/llmgw/runbook"
+	"github.com/llmgw/llmgw/runbook/launcher"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// fasthttp and zmq4 housekeeping goroutines that end on their own
+		// after their pools close (the gateway's tests document each).
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+	)
+}
+
+// run executes the converged runbook on sims into a fresh store.
+func run(t *testing.T, ctx context.Context, o *Options) (runbook.Report, *results.Store, string) {
+	t.Helper()
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	store, err := results.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Execute(ctx, o, store, out, nil)
+	if err != nil {
+		t.Fatalf("Execute: %v", err)
+	}
+	return rep, store, out
+}
+
+func stepLine(rep runbook.Report) string {
+	var b strings.Builder
+	for _, s := range rep.Steps {
+		b.WriteString(s.Name + "=" + string(s.Status) + " " + s.ReasonCode + ": " + s.Reason + "\n")
+	}
+	return b.String()
+}
+
+func TestPassPathOnSims(t *testing.T) {
+	cases := []struct {
+		name, engine, mode string
+	}{
+		{"vllm exact", "vllm", "exact"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := &Options{Engine: tc.engine, Mode: tc.mode, Launcher: &launcher.Sim{}, HealthTimeout: 10 * time.Second, ReadyTimeout: 10 * time.Second}
+			rep, _, _ := run(t, t.Context(), o)
+			if rep.Summary.Verdict != results.StatusPass {
+				t.Fatalf("verdict = %s; want PASS\n%s", rep.Summary.Verdict, stepLine(rep))
+			}
+			if os.Getenv("V") != "" {
+				t.Log(stepLine(rep))
+			}
+		})
+	}
+}
