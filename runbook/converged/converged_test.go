@@ -57,6 +57,14 @@ func TestPassPathOnSims(t *testing.T) {
 		name, engine, mode string
 	}{
 		{"vllm exact", "vllm", "exact"},
+		{"vllm rr", "vllm", "rr"},
+		{"vllm chwbl", "vllm", "chwbl"},
+		{"sglang exact", "sglang", "exact"},
+		{"sglang rr", "sglang", "rr"},
+		{"trtllm exact", "trtllm", "exact"},
+		{"trtllm chwbl", "trtllm", "chwbl"},
+		{"llamacpp rr", "llamacpp", "rr"},
+		{"llamacpp chwbl", "llamacpp", "chwbl"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -207,11 +207,12 @@ func (s *state) body(model, prompt, nonce string, stream bool) []byte {
 	return b
 }
 
-// longPrompt is a prompt of many KV blocks whose text is unique to the run
+// longPrompt is a prompt of many KV blocks (longer than CHWBL's default
+// 2048 prefix bytes) whose text is unique to the run
 // and topic, so no earlier request warmed it by chance.
 func (s *state) longPrompt(runID, topic string) string {
 	var b strings.Builder
-	for i := 0; i < 12; i++ {
+	for i := 0; i < 24; i++ {
 		fmt.Fprintf(&b, "Section %d of %s (%s): the gateway sends each request to the worker that already holds its prefix. ", i, topic, runID)
 	}
 	return b.String()

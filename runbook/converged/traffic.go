@@ -267,6 +267,8 @@ func (s *state) routeCHWBL(ctx context.Context, r *runbook.Run) runbook.Outcome 
 		if x.Receipt != home {
 			return withEvidence(runbook.Fail("ROUTING_NOT_STICKY", "CHWBL: requests sharing one prefix landed on %s and %s (%s: route %q)", home, x.Receipt, x.RID, x.Route), out)
 		}
+	}
+	for _, x := range rs {
 		if !strings.HasPrefix(x.Route, "chwbl") {
 			return withEvidence(runbook.Fail("ROUTING_WRONG_POLICY", "request %s routed by %q, want chwbl", x.RID, x.Route), out)
 		}
@@ -279,12 +281,33 @@ func (s *state) routeCHWBL(ctx context.Context, r *runbook.Run) runbook.Outcome 
 func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneRoutingEvidence, runbook.LaneCacheReuse, runbook.LaneHashParity)
 	prefix := s.longPrompt(r.ID, "kv-exact")
+	// Inventory before the warm request: a worker may already hold blocks
+	// from the direct requests (TensorRT-LLM queues events until drained),
+	// so only growth proves the warm prompt's blocks arrived.
+	inv0, raw0, err := s.admin.Inventory(ctx, s.ruleName)
+	if err != nil {
+		return failErr(ctx, "READBACK_FAILED", err)
+	}
+	out = out.With("inventory-before-warm.json", raw0)
+	base := map[string]int{}
+	for _, ep := range inv0.Endpoints {
+		base[ep.ID] = ep.InventoryBlocks
+	}
 	warm, _, err := s.send(ctx, r.ID+"-exact-warm", prefix+" First question?")
 	rs := []routed{warm}
 	if err != nil {
 		return withEvidence(failErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", mustJSON(rs)))
 	}
 	w := warm.Endpoint
+	// The warm prompt's full blocks, from the engine's own receipt: the
+	// inventory must grow by at least that many (one event batch per
+	// request, applied in order) before a follow-up can be expected to hit.
+	want := 1
+	if all, err := s.allReceipts(ctx); err == nil {
+		if rec, ok := receiptFor(all[w], warm.RID); ok && s.spec.BlockSize > 0 {
+			want = max(1, rec.PromptTokens/s.spec.BlockSize)
+		}
+	}
 	// The gateway learns the warmed blocks from the engine's own events.
 	var blocks int
 	var invRaw []byte
@@ -299,7 +322,7 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 				blocks = ep.InventoryBlocks
 			}
 		}
-		return blocks > 0, fmt.Sprintf("worker %s inventory %d blocks", w, blocks), nil
+		return blocks >= base[w]+want, fmt.Sprintf("worker %s inventory %d blocks (%d before the warm request of %d blocks)", w, blocks, base[w], want), nil
 	})
 	out = out.With("inventory-after-warm.json", invRaw)
 	if err != nil {
