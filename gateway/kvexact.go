@@ -63,10 +63,12 @@ type kvRuntime struct {
 	// canary records endpoints whose hash parity was proven by a canary
 	// check (a readiness condition when their inventory is empty).
 	canary []atomic.Bool
+	scheme string       // "http" or "https" (backend TLS)
+	client *http.Client // side requests: canary, /tokenize, TRT polls
 }
 
-func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint) (*kvRuntime, error) {
-	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: eff.CHWBL.LoadFactor}
+func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme string, client *http.Client) (*kvRuntime, error) {
+	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: eff.CHWBL.LoadFactor, scheme: scheme, client: client}
 	for _, ep := range eps {
 		if eff.KVExactMode == 1 && ep.Role != upstream.RolePrefill {
 			continue
@@ -88,11 +90,11 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint) (*kvRunti
 	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, func() string {
 		for _, ep := range pool {
 			if ep.Available() {
-				return "http://" + ep.Addr
+				return scheme + "://" + ep.Addr
 			}
 		}
 		return ""
-	}); err != nil {
+	}, client); err != nil {
 		return nil, fmt.Errorf("kvTokenizer %q: %w", eff.KVTokenizer, err)
 	}
 	kv.index = kvindex.New(len(kv.pool), s.cfg.KVMaxBlocks)
@@ -102,7 +104,8 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint) (*kvRunti
 		spec := specOf(eff, ep.ID)
 		switch eff.KVEngineType {
 		case "trtllm":
-			cfg.HTTPBase = "http://" + ep.Addr
+			cfg.HTTPBase = scheme + "://" + ep.Addr
+			cfg.HTTPClient = client
 			h, err := kvhash.New(kvhash.BlockHashTRTLLM, eff.KVBlockSize, "")
 			if err != nil {
 				return nil, err
@@ -495,8 +498,7 @@ const canaryEvery = 3 * time.Second
 // published inventory, hash parity is proven and the endpoint is ready.
 // Once proven it is never probed again. It runs until ctx ends.
 func (kv *kvRuntime) canaryLoop(ctx context.Context, s *Server, r *rule.Rule) {
-	client := &http.Client{Timeout: 30 * time.Second}
-	defer client.CloseIdleConnections()
+	client := kv.client
 	t := time.NewTimer(200 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -544,7 +546,7 @@ func (kv *kvRuntime) canaryOnce(ctx context.Context, client *http.Client, i int,
 	if len(sc.keys) == 0 {
 		return false, fmt.Errorf("canary prompt shorter than one block of %d tokens", kv.blockSize)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep.Addr+"/v1/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, kv.scheme+"://"+ep.Addr+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
 		return false, err
 	}

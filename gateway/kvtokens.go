@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fastjson"
@@ -36,12 +35,12 @@ type kvTokenizer interface {
 // newKVTokenizer builds the tokenizer a rule's kvTokenizer names: "" or
 // "builtin" (the simulator's), "engine" (ask a worker's /tokenize), or a
 // path to a tokenizer.json.
-func newKVTokenizer(spec string, engineURL func() string) (kvTokenizer, error) {
+func newKVTokenizer(spec string, engineURL func() string, client *http.Client) (kvTokenizer, error) {
 	switch spec {
 	case "", "builtin":
 		return &localTokenizer{tok: tokenizer.Builtin{}, render: tokenizer.ChatML{}, cache: newTokenCache(4096, tokenizer.Builtin{})}, nil
 	case "engine":
-		return &engineTokenizer{baseURL: engineURL, client: &http.Client{Timeout: 5 * time.Second}, cache: newTokenCache(4096, nil)}, nil
+		return &engineTokenizer{baseURL: engineURL, client: client, cache: newTokenCache(4096, nil)}, nil
 	}
 	hf, err := tokenizer.LoadHF(spec)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -61,10 +62,11 @@ type pdRuntime struct {
 	pins      *pinTable     // session → prefill endpoint
 	client    *http.Client
 	transport *http.Transport
+	scheme    string // "http" or "https"
 }
 
-func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint) (*pdRuntime, error) {
-	pd := &pdRuntime{engine: eff.KVEngineType, bootPort: eff.PDBootstrapPort}
+func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint, tlsCfg *tls.Config, scheme string) (*pdRuntime, error) {
+	pd := &pdRuntime{engine: eff.KVEngineType, bootPort: eff.PDBootstrapPort, scheme: scheme}
 	for _, ep := range eps {
 		switch ep.Role {
 		case upstream.RolePrefill:
@@ -94,6 +96,7 @@ func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint) (*pdRuntime, error) 
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
+		TLSClientConfig:     tlsCfg,
 	}
 	pd.client = &http.Client{Transport: pd.transport}
 	return pd, nil
@@ -309,7 +312,7 @@ type legResult struct {
 // It records the outcome on ep's breaker. The caller owns resp.Body when
 // buffer is false and err is nil.
 func (r *pdRequest) sendLeg(ctx context.Context, ep *upstream.Endpoint, body []byte) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep.Addr+r.path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.pd.scheme+"://"+ep.Addr+r.path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}

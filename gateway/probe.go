@@ -23,9 +23,11 @@ func (s *Server) probeLoop(ctx context.Context, rt *ruleRuntime, ep *upstream.En
 		MaxIdemponentCallAttempts: 1,
 		NoDefaultUserAgentHeader:  true,
 		Name:                      "llmgw-probe",
+		IsTLS:                     rt.tlsCfg != nil,
+		TLSConfig:                 rt.tlsCfg,
 	}
 	defer client.CloseIdleConnections()
-	url := "http://" + ep.Addr + p.Path
+	url := rt.scheme + "://" + ep.Addr + p.Path
 	fails, oks := 0, 0
 	timer := time.NewTimer(0)
 	defer timer.Stop()

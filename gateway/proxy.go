@@ -257,6 +257,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 			req.Header.Del(h)
 		}
 		req.Header.SetHost(ep.Addr)
+		if rt.tlsCfg != nil {
+			req.URI().SetScheme("https")
+		}
 		req.SetBodyRaw(ctx.PostBody())
 		resp := fasthttp.AcquireResponse()
 		resp.StreamBody = stream

@@ -2,7 +2,12 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
 	"net"
+	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -28,6 +33,11 @@ type ruleRuntime struct {
 	pd        *pdRuntime // nil unless pd_disagg_mode
 	kv        *kvRuntime // nil unless kvExactMode is 1 or 3
 	obs       *ruleMetrics
+	// scheme is "http", or "https" with backend TLS; httpClient is the
+	// net/http client for side requests (canary, /tokenize, TRT polls).
+	scheme     string
+	tlsCfg     *tls.Config
+	httpClient *http.Client
 
 	sessSource string // "header", "cookie", "query" or "" (body user only)
 	sessName   []byte
@@ -47,6 +57,15 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 		byID:      make(map[string]*upstream.Endpoint, len(eff.Endpoints)),
 		prefix:    eff.CHWBL.PrefixBytes,
 	}
+	rt.scheme = "http"
+	if eff.BackendTLS != nil {
+		cfg, err := backendTLSConfig(eff.BackendTLS)
+		if err != nil {
+			return nil, err
+		}
+		rt.scheme, rt.tlsCfg = "https", cfg
+	}
+	rt.httpClient = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: rt.tlsCfg, MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}}
 	cbOn := eff.CBEnable == nil || *eff.CBEnable
 	for i, e := range eff.Endpoints {
 		var br *upstream.Breaker
@@ -76,7 +95,7 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 		}
 		rt.eps = append(rt.eps, ep)
 		rt.byID[e.ID] = ep
-		rt.clients = append(rt.clients, s.hostClient(addr, eff.Timeouts))
+		rt.clients = append(rt.clients, s.hostClient(addr, eff.Timeouts, rt.tlsCfg, tlsKey(eff.BackendTLS)))
 	}
 	ids := make([]string, len(rt.eps))
 	for i, ep := range rt.eps {
@@ -99,12 +118,12 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 	}
 	rt.picker = p
 	if eff.KVExactMode == 1 || eff.KVExactMode == 3 {
-		if rt.kv, err = newKVRuntime(s, eff, rt.eps); err != nil {
+		if rt.kv, err = newKVRuntime(s, eff, rt.eps, rt.scheme, rt.httpClient); err != nil {
 			return nil, err
 		}
 	}
 	if eff.PDDisaggMode {
-		if rt.pd, err = newPDRuntime(eff, rt.eps); err != nil {
+		if rt.pd, err = newPDRuntime(eff, rt.eps, rt.tlsCfg, rt.scheme); err != nil {
 			return nil, err
 		}
 		if prev != nil && prev.pd != nil {
@@ -155,6 +174,7 @@ func (rt *ruleRuntime) stop() {
 	if rt.pd != nil {
 		rt.pd.close()
 	}
+	rt.httpClient.CloseIdleConnections()
 }
 
 // inFlight sums the in-flight requests of every endpoint.
@@ -211,8 +231,8 @@ func (rt *ruleRuntime) conversationHash(ctx *fasthttp.RequestCtx) (uint64, bool)
 // hostClient returns the shared keep-alive pool for addr with the given
 // timeouts, creating it on first use. Pools are shared across rules and
 // rule updates so that an edit does not drop warm connections.
-func (s *Server) hostClient(addr string, t rule.TimeoutsConfig) *fasthttp.HostClient {
-	key := clientKey{addr: addr, connect: t.Connect.Std(), firstByte: t.FirstByte.Std(), idle: t.Idle.Std()}
+func (s *Server) hostClient(addr string, t rule.TimeoutsConfig, tlsCfg *tls.Config, tlsID string) *fasthttp.HostClient {
+	key := clientKey{addr: addr, connect: t.Connect.Std(), firstByte: t.FirstByte.Std(), idle: t.Idle.Std(), tls: tlsID}
 	s.clientsMu.Lock()
 	defer s.clientsMu.Unlock()
 	if hc := s.clients[key]; hc != nil {
@@ -238,6 +258,8 @@ func (s *Server) hostClient(addr string, t rule.TimeoutsConfig) *fasthttp.HostCl
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
 		NoDefaultUserAgentHeader:      true,
+		IsTLS:                         tlsCfg != nil,
+		TLSConfig:                     tlsCfg,
 	}
 	s.clients[key] = hc
 	return hc
@@ -246,6 +268,34 @@ func (s *Server) hostClient(addr string, t rule.TimeoutsConfig) *fasthttp.HostCl
 type clientKey struct {
 	addr                     string
 	connect, firstByte, idle time.Duration
+	tls                      string // "" plain; else the TLS settings' identity
+}
+
+// tlsKey identifies backend TLS settings for sharing connection pools.
+func tlsKey(t *rule.BackendTLSConfig) string {
+	if t == nil {
+		return ""
+	}
+	return fmt.Sprintf("tls|%s|%s|%v", t.CAFile, t.ServerName, t.InsecureSkipVerify)
+}
+
+// backendTLSConfig builds the client TLS settings for talking to workers.
+func backendTLSConfig(t *rule.BackendTLSConfig) (*tls.Config, error) {
+	// InsecureSkipVerify is the operator's explicit choice (admission refuses
+	// it together with a CA file); it exists for labs with throwaway certs.
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("backend_tls.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("backend_tls.ca_file %s: no PEM certificate", t.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	return cfg, nil
 }
 
 // idleConn bounds the silence between reads. fasthttp sets the first-byte

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
@@ -17,8 +18,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // selfSigned writes a certificate for 127.0.0.1 and its key to dir.
@@ -91,3 +95,52 @@ func TestPayloadsNotLoggedByDefault(t *testing.T) {
 		}
 	}
 }
+
+func TestBackendTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, _ := selfSigned(t, dir)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var probes, hits atomicCounter
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/health" {
+			probes.add()
+			return
+		}
+		hits.add()
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"tls-backend"}`)
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.ServeTLS(ln, certFile, keyFile)
+	}()
+	t.Cleanup(func() { srv.Shutdown(); <-done })
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	s := startGateway(t, "", nil)
+	mustApply(t, s, fmt.Sprintf("name: r\nmodel_name: m1\nprobe: {interval: 50ms, timeout: 40ms}\nbackend_tls: {ca_file: %q}\nendpoints:\n  - {endpointIP: 127.0.0.1, targetPort: %s}\n", certFile, port))
+	resp, body := post(t, newClient(t), "http://"+s.Addr()+"/v1/chat/completions", chatBody)
+	if resp.StatusCode != 200 || !strings.Contains(body, "tls-backend") {
+		t.Fatalf("through backend TLS: %d %s", resp.StatusCode, body)
+	}
+	eventually(t, 5*time.Second, "an https probe", func() bool { return probes.load() > 0 })
+	st, _ := s.Rule("r")
+	if !st.Status.Endpoints[0].Healthy {
+		t.Errorf("TLS backend not healthy by its https probe")
+	}
+	// Without the CA the certificate is refused: 502, not a silent plain-text fallback.
+	otherCA, _, _ := selfSigned(t, t.TempDir())
+	mustApply(t, s, fmt.Sprintf("name: r2\nmodel_name: m2\nprobe: {disabled: true}\nbackend_tls: {ca_file: %q}\nendpoints:\n  - {endpointIP: 127.0.0.1, targetPort: %s}\n", otherCA, port))
+	resp, body = post(t, newClient(t), "http://"+s.Addr()+"/v1/chat/completions", `{"model":"m2","messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != 502 {
+		t.Errorf("untrusted backend certificate: %d %s; want 502", resp.StatusCode, body)
+	}
+}
+
+type atomicCounter struct{ n atomic.Int64 }
+
+func (c *atomicCounter) add()        { c.n.Add(1) }
+func (c *atomicCounter) load() int64 { return c.n.Load() }

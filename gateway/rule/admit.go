@@ -1,6 +1,7 @@
 package rule
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -88,6 +89,7 @@ const (
 	CodeKVExactPDWithoutPD   = "kv_exact_pd_requires_pd"      // ref V7
 	CodeKVExactMode          = "kv_exact_mode"                // ref V13 and §16 #33
 	CodeKVExactSel           = "kv_exact_sel"
+	CodeBackendTLS           = "backend_tls"
 	CodeKVEngineType         = "kv_engine_type" // ref V8
 	CodeLlamacppKVExact      = "llamacpp_kv_exact"
 	CodeLlamacppPD           = "llamacpp_pd"
@@ -177,7 +179,7 @@ func Admit(r *Rule, existing *Rule, others []*Rule) error {
 	for _, check := range []func(*Rule) *AdmissionError{
 		checkName, checkMode, checkSel, checkEndpoints, checkPD, checkKVExact,
 		checkEngine, checkKVExactSel, checkKVFields, checkTokenizer, checkSession, checkCHWBL,
-		checkProbe, checkCB, checkTimeouts, checkListen,
+		checkProbe, checkCB, checkTimeouts, checkListen, checkBackendTLS,
 	} {
 		if err := check(r); err != nil {
 			return err
@@ -385,6 +387,28 @@ func checkPD(r *Rule) *AdmissionError {
 func checkKVExactSel(r *Rule) *AdmissionError {
 	if r.KVExactMode == 3 && r.Sel != 8 && r.Sel != 10 {
 		return bad(CodeKVExactSel, "sel", "kvExactMode 3 falls back to CHWBL when no endpoint holds a request's prefix: set sel 8 (CHWBL) or 10 (weighted CHWBL), got %d (%s)", r.Sel, selName(r.Sel))
+	}
+	return nil
+}
+
+// checkBackendTLS: a CA file must be a readable PEM bundle, and skipping
+// verification excludes naming a CA (one of the two is a mistake).
+func checkBackendTLS(r *Rule) *AdmissionError {
+	t := r.BackendTLS
+	if t == nil {
+		return nil
+	}
+	if t.InsecureSkipVerify && t.CAFile != "" {
+		return bad(CodeBackendTLS, "backend_tls", "insecure_skip_verify disables the check that ca_file would configure; set one of them")
+	}
+	if t.CAFile != "" {
+		data, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return bad(CodeBackendTLS, "backend_tls.ca_file", "cannot read %q: %v", truncate(t.CAFile, 200), err)
+		}
+		if !x509.NewCertPool().AppendCertsFromPEM(data) {
+			return bad(CodeBackendTLS, "backend_tls.ca_file", "%q holds no PEM certificate", truncate(t.CAFile, 200))
+		}
 	}
 	return nil
 }

@@ -132,6 +132,8 @@ func TestAdmitRules(t *testing.T) {
 		{name: "kv exact 4", base: plainRule, mutate: func(r *Rule) { r.KVExactMode = 4 }, wantCode: CodeKVExactMode},
 		{name: "V8 unknown engine", base: plainRule, mutate: func(r *Rule) { r.KVEngineType = "tgi" }, wantCode: CodeKVEngineType, wantField: "kvEngineType"},
 		{name: "V8 engine case matters", base: plainRule, mutate: func(r *Rule) { r.KVEngineType = "VLLM" }, wantCode: CodeKVEngineType},
+		{name: "backend tls with an unreadable ca file", base: plainRule, mutate: func(r *Rule) { r.BackendTLS = &BackendTLSConfig{CAFile: "/nonexistent/ca.pem"} }, wantCode: CodeBackendTLS, wantField: "backend_tls.ca_file"},
+		{name: "backend tls skip verify with a ca file", base: plainRule, mutate: func(r *Rule) { r.BackendTLS = &BackendTLSConfig{CAFile: "x", InsecureSkipVerify: true} }, wantCode: CodeBackendTLS},
 		{name: "kv exact 3 needs a chwbl fallback", base: plainRule, mutate: func(r *Rule) { r.KVExactMode = 3; r.Sel = 0 }, wantCode: CodeKVExactSel, wantField: "sel"},
 		{name: "llamacpp kv exact", base: plainRule, mutate: func(r *Rule) { r.KVEngineType = "llamacpp"; r.KVExactMode = 3 }, wantCode: CodeLlamacppKVExact},
 		{name: "llamacpp pd", base: pdRule, mutate: func(r *Rule) { r.KVEngineType = "llamacpp" }, wantCode: CodeLlamacppPD, wantField: "pd_disagg_mode"},

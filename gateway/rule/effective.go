@@ -78,6 +78,10 @@ func (r *Rule) Clone() *Rule {
 		b := *r.CBEnable
 		c.CBEnable = &b
 	}
+	if r.BackendTLS != nil {
+		t := *r.BackendTLS
+		c.BackendTLS = &t
+	}
 	if r.Endpoints != nil {
 		c.Endpoints = make([]Endpoint, len(r.Endpoints))
 		for i, ep := range r.Endpoints {

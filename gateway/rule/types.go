@@ -48,6 +48,9 @@ type Rule struct {
 	CHWBL    CHWBLConfig    `json:"chwbl,omitempty"`
 	Probe    ProbeConfig    `json:"probe,omitempty"`
 	Timeouts TimeoutsConfig `json:"timeouts,omitempty"`
+	// BackendTLS, when set, makes the gateway speak TLS to the workers
+	// (requests, probes, P/D legs, TensorRT-LLM event polls). nil: plain HTTP.
+	BackendTLS *BackendTLSConfig `json:"backend_tls,omitempty"`
 
 	Endpoints []Endpoint `json:"endpoints"`
 }
@@ -121,4 +124,16 @@ type TimeoutsConfig struct {
 	Idle      Duration `json:"idle,omitempty"`       // between body reads/SSE events; default 120s
 	// Prefill bounds a P/D prefill leg; default 30s.
 	Prefill Duration `json:"prefill,omitempty"`
+}
+
+// BackendTLSConfig configures TLS from the gateway to the workers.
+type BackendTLSConfig struct {
+	// CAFile is a PEM bundle of the CAs that sign the workers' certificates;
+	// "" uses the system roots.
+	CAFile string `json:"ca_file,omitempty"`
+	// ServerName overrides the name checked in the workers' certificates;
+	// "" checks each endpoint's endpointIP.
+	ServerName string `json:"server_name,omitempty"`
+	// InsecureSkipVerify disables certificate checks (lab use only).
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
 }
