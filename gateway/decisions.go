@@ -13,6 +13,10 @@ type Decision struct {
 	Endpoint  string    `json:"endpoint"`
 	Reason    string    `json:"reason"`
 	Spill     int       `json:"spill,omitempty"`
+	// MatchedBlocks and TotalBlocks are the KV-exact match of the chosen
+	// endpoint and the prompt's full blocks (KV-exact rules only).
+	MatchedBlocks *int `json:"matched_blocks,omitempty"`
+	TotalBlocks   *int `json:"total_blocks,omitempty"`
 }
 
 // decisionLog keeps the most recent decisions in a fixed ring, so recording
@@ -29,18 +33,29 @@ type decisionSlot struct {
 	endpoint string
 	reason   string
 	spill    int
+	kv       bool
+	matched  int
+	total    int
 	idLen    uint8
 	id       [255]byte
 }
 
 func newDecisionLog(n int) *decisionLog { return &decisionLog{ring: make([]decisionSlot, n)} }
 
-func (l *decisionLog) add(rule, endpoint, reason string, id []byte, spill int) {
+// add records one decision; kv is nil for non-KV rules.
+func (l *decisionLog) add(rule, endpoint, reason string, id []byte, spill int, kv *kvChoice, epChosen string) {
 	now := time.Now().UnixNano()
 	l.mu.Lock()
 	sl := &l.ring[l.next%uint64(len(l.ring))]
 	l.next++
 	sl.at, sl.rule, sl.endpoint, sl.reason, sl.spill = now, rule, endpoint, reason, spill
+	sl.kv = kv != nil
+	if kv != nil {
+		sl.matched, sl.total = 0, kv.total
+		if kv.ep != nil && kv.ep.ID == epChosen {
+			sl.matched = kv.matched
+		}
+	}
 	sl.idLen = uint8(copy(sl.id[:], id))
 	l.mu.Unlock()
 }
@@ -65,7 +80,12 @@ func (l *decisionLog) list(rule string, since time.Time) []Decision {
 		if !since.IsZero() && t.Before(since) {
 			continue
 		}
-		out = append(out, Decision{Time: t, RequestID: string(sl.id[:sl.idLen]), Rule: sl.rule, Endpoint: sl.endpoint, Reason: sl.reason, Spill: sl.spill})
+		d := Decision{Time: t, RequestID: string(sl.id[:sl.idLen]), Rule: sl.rule, Endpoint: sl.endpoint, Reason: sl.reason, Spill: sl.spill}
+		if sl.kv {
+			m, tot := sl.matched, sl.total
+			d.MatchedBlocks, d.TotalBlocks = &m, &tot
+		}
+		out = append(out, d)
 	}
 	return out
 }

@@ -108,6 +108,15 @@ func TestKVExactEndToEnd(t *testing.T) {
 			if resp.StatusCode != 200 || resp.Header.Get("X-Llmgw-Endpoint") != warmID || !strings.HasPrefix(route, "kv-exact hit=") {
 				t.Fatalf("follow-up: %d to %s route %q; want %s with a kv-exact hit (%s)", resp.StatusCode, resp.Header.Get("X-Llmgw-Endpoint"), route, warmID, out)
 			}
+			found := false
+			for _, d := range gw.decisions.list("kv", time.Time{}) {
+				if d.Endpoint == warmID && d.MatchedBlocks != nil && *d.MatchedBlocks > 0 && *d.TotalBlocks >= *d.MatchedBlocks {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("the decisions API does not show the kv-exact hit with its matched blocks")
+			}
 			simX := sims[pos]
 			recs := simX.Receipts()
 			if last := recs[len(recs)-1]; last.CachedTokens == 0 {

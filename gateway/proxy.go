@@ -288,7 +288,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 			}
 			break
 		}
-		s.decisions.add(rt.rule.Name, ep.ID, route, id, d.Spill)
+		s.decisions.add(rt.rule.Name, ep.ID, route, id, d.Spill, kvc, ep.ID)
 		var obs *kvObservation
 		if kvc != nil {
 			obs = &kvObservation{predicted: 0}
