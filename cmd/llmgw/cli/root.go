@@ -42,7 +42,16 @@ func NewRootCmd(io *IOStreams) *cobra.Command {
                                  prefill/decode disaggregation, health checks and metrics
                 llmgw rule       manage the gateway's rules over its admin API
 
-  the lab       llmgw sim        engine simulators (vLLM, SGLang, TensorRT-LLM, llama.cpp)
+  the lab       llmgw runbook    ordered, evidence-backed deployment runbooks
+                                 (converged, pd) that end PASS, FAIL or BLOCKED
+                llmgw qualify    the qualification matrix: profiles x modes x topologies
+                llmgw results    list, show, verify and export recorded runs
+                llmgw cleanup    remove what runbooks launched (containers, processes, rules)
+                llmgw profiles   the model catalog and engine version tuple
+                llmgw sim        engine simulators (vLLM, SGLang, TensorRT-LLM, llama.cpp)
+                llmgw bench      gateway overhead and routing quality, side by side
+
+Start with: llmgw runbook converged   (simulated vLLM workers, KV-exact routing)
 
 Every flag can also be set with an environment variable LLMGW_<FLAG> (dashes
 become underscores, e.g. LLMGW_STATE_DIR) or in a YAML config file given with
