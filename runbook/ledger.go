@@ -43,9 +43,12 @@ type LedgerState struct {
 }
 
 // OwnedRule is one applied rule: the admin API base URL and the rule name.
+// Embedded marks a rule on the run's own embedded gateway, which dies with
+// the process that ran it.
 type OwnedRule struct {
-	Admin string `json:"admin"`
-	Name  string `json:"name"`
+	Admin    string `json:"admin"`
+	Name     string `json:"name"`
+	Embedded bool   `json:"embedded,omitempty"`
 }
 
 // Empty reports whether the ledger owns nothing any more.

@@ -344,7 +344,7 @@ func (s *state) apply(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	s.applied = rl
 	body := mustJSON(rl)
 	_ = led.Update(func(st *runbook.LedgerState) {
-		st.Rules = append(st.Rules, runbook.OwnedRule{Admin: admin.Base(), Name: name})
+		st.Rules = append(st.Rules, runbook.OwnedRule{Admin: admin.Base(), Name: name, Embedded: s.gw != nil})
 	})
 	r.Defer("delete rule "+name, func(ctx context.Context) error {
 		if _, err := admin.Delete(ctx, name, 5*time.Second); err != nil {

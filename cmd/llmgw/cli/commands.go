@@ -10,6 +10,8 @@ func subcommands(io *IOStreams) []*cobra.Command {
 		newSimCmd(io),
 		newProfilesCmd(io),
 		newResultsCmd(io),
+		newRunbookCmd(io, nil),
+		newCleanupCmd(io, nil),
 		newVersionCmd(io),
 	}
 }

@@ -1,0 +1,245 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/llmgw/llmgw/results"
+	"github.com/llmgw/llmgw/runbook"
+	"github.com/llmgw/llmgw/runbook/converged"
+	"github.com/llmgw/llmgw/runbook/launcher"
+)
+
+// RunbookOptions are the inputs of `llmgw runbook converged`.
+type RunbookOptions struct {
+	IO               *IOStreams
+	Engine           string
+	Profile          string
+	Mode             string
+	Workers          int
+	workersSet       bool
+	Launcher         string
+	Endpoints        string
+	Gateway          string
+	GatewayTokenFile string
+	Out              string
+	ImageOverrides   []string
+	DockerNetwork    string
+	HealthTimeout    time.Duration
+	LogLevel         string
+}
+
+// launcherNames are the valid --launcher values.
+var launcherNames = []string{results.LauncherSim, results.LauncherDocker, results.LauncherAttach}
+
+func newRunbookCmd(io *IOStreams, runF func(*cobra.Command, *RunbookOptions) error) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "runbook",
+		Short: "Run an ordered, evidence-backed deployment runbook",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	opts := &RunbookOptions{IO: io}
+	conv := &cobra.Command{
+		Use:   "converged",
+		Short: "Qualify N converged workers behind one rule: launch, direct proof, apply, read back, deliver, route, drain, clean up",
+		Long: `Run the converged runbook. Each step ends PASS, FAIL, BLOCKED or SKIPPED with a
+reason and evidence files, recorded under <out>/runs/<run-id>/ (see 'llmgw
+results'):
+
+  1 select tuple                 engine x profile x mode from the catalog; a known-BLOCKED
+                                 tuple stops here with its reason code, nothing launched
+  2 launch workers               through --launcher; health and /v1/models wait
+  3 prove direct inference       each worker answers a nonce request and its receipt is kept
+  4 apply rule                   on the embedded gateway, or --gateway's admin API
+  5 read back                    effective rule equals what was applied; readiness holds
+  6 deliver through the gateway  JSON and SSE correlated with worker receipts; negative
+                                 requests (unknown model, malformed body) leave no receipt
+  7 routing evidence             rr spread, chwbl stickiness, or exact: a same-prefix
+                                 follow-up lands on the warmed worker, cached tokens rise
+  8 drain                        in-flight reaches 0, the drained worker gets nothing new
+  9 cleanup                      always, also on FAIL and Ctrl-C
+
+Launchers:
+  sim     in-process simulators on kernel-chosen loopback ports (default)
+  docker  containers through the local docker daemon; the image comes from the
+          profile, never pulled. --image-override sim=IMAGE runs 'llmgw sim' workers
+          from an image of this binary instead (GPU-free). No daemon, no GPU or no
+          image is BLOCKED (no_docker, no_gpu, image_unavailable).
+  attach  --endpoints host:port,... already running; nothing launched or stopped
+
+llamacpp has no KV events: --mode exact with --engine llamacpp is a usage error.
+
+Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
+(cleanup done first), 2 bad flags (nothing started). What a run owns is
+recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.`,
+		Example: `  # simulated vLLM workers, KV-exact, embedded gateway
+  llmgw runbook converged
+
+  # SGLang persona, round robin, 2 workers
+  llmgw runbook converged --engine sglang --mode rr --workers 2
+
+  # sim workers in containers built from this binary
+  llmgw runbook converged --launcher docker --image-override sim=llmgw-sim:test
+
+  # workers and a gateway that already run
+  llmgw runbook converged --launcher attach --endpoints 10.0.0.5:8000,10.0.0.6:8000 --gateway http://10.0.0.2:8081`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts.workersSet = cmd.Flags().Changed("workers")
+			if runF != nil {
+				return runF(cmd, opts)
+			}
+			return runbookConvergedRun(cmd, opts)
+		},
+	}
+	f := conv.Flags()
+	f.StringVar(&opts.Engine, "engine", converged.DefaultEngine, "engine: vllm, sglang, trtllm or llamacpp")
+	f.StringVar(&opts.Profile, "profile", converged.DefaultProfile, "catalog profile ID (see 'llmgw profiles list')")
+	f.StringVar(&opts.Mode, "mode", converged.DefaultMode, "routing mode: rr, chwbl or exact")
+	f.IntVar(&opts.Workers, "workers", converged.DefaultWorkers, "number of workers (attach: defaults to the number of --endpoints)")
+	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
+	f.StringVar(&opts.Endpoints, "endpoints", "", "attach: running workers as host:port,...")
+	f.StringVar(&opts.Gateway, "gateway", "", "admin API URL of a running gateway (default: an embedded gateway on loopback)")
+	f.StringVar(&opts.GatewayTokenFile, "gateway-token-file", "", "file holding the external gateway's admin bearer token")
+	f.StringVar(&opts.Out, "out", "./results", "results directory")
+	f.StringSliceVar(&opts.ImageOverrides, "image-override", nil, "docker: KEY=IMAGE with KEY an engine or sim (repeatable)")
+	f.StringVar(&opts.DockerNetwork, "docker-network", "", "docker: join this network instead of creating one for the run")
+	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s; docker 10m)")
+	f.StringVar(&opts.LogLevel, "log-level", "warn", "embedded gateway log level (logs go to standard error)")
+	cmd.AddCommand(conv)
+	return cmd
+}
+
+// convergedOptions validates the flags and builds the runbook options.
+// Every error is a usage error: nothing has been started yet.
+func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
+	level, err := parseLogLevel(o.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	co := &converged.Options{
+		Engine: o.Engine, Profile: o.Profile, Mode: o.Mode, Workers: o.Workers, GatewayAdmin: o.Gateway,
+		HealthTimeout: o.HealthTimeout,
+		Logger:        slog.New(slog.NewTextHandler(o.IO.ErrOut, &slog.HandlerOptions{Level: level})),
+	}
+	if o.Endpoints != "" && o.Launcher != results.LauncherAttach {
+		return nil, usageErrorf("--endpoints needs --launcher attach (got --launcher %s)", o.Launcher)
+	}
+	if len(o.ImageOverrides) > 0 && o.Launcher != results.LauncherDocker {
+		return nil, usageErrorf("--image-override needs --launcher docker (got --launcher %s)", o.Launcher)
+	}
+	if o.DockerNetwork != "" && o.Launcher != results.LauncherDocker {
+		return nil, usageErrorf("--docker-network needs --launcher docker (got --launcher %s)", o.Launcher)
+	}
+	switch o.Launcher {
+	case results.LauncherSim:
+		co.Launcher = &launcher.Sim{}
+	case results.LauncherDocker:
+		ov, err := launcher.ParseImageOverrides(o.ImageOverrides)
+		if err != nil {
+			return nil, usageErrorf("%v", err)
+		}
+		co.Launcher = &launcher.Docker{ImageOverride: ov, Network: o.DockerNetwork}
+		if co.HealthTimeout == 0 {
+			co.HealthTimeout = 10 * time.Minute // real engines load weights first
+			if ov[launcher.SimImageKey] != "" {
+				co.HealthTimeout = time.Minute
+			}
+		}
+	case results.LauncherAttach:
+		if o.Endpoints == "" {
+			return nil, usageErrorf("--launcher attach needs --endpoints host:port,...")
+		}
+		eps, err := launcher.ParseEndpoints(o.Endpoints)
+		if err != nil {
+			return nil, usageErrorf("--endpoints: %v", err)
+		}
+		if o.workersSet && o.Workers != len(eps) {
+			return nil, usageErrorf("--workers %d conflicts with %d --endpoints", o.Workers, len(eps))
+		}
+		co.Workers = len(eps)
+		co.Launcher = &launcher.Attach{Endpoints: eps}
+	default:
+		return nil, usageErrorf("--launcher %q: valid launchers are %s", o.Launcher, strings.Join(launcherNames, ", "))
+	}
+	if o.GatewayTokenFile != "" {
+		if o.Gateway == "" {
+			return nil, usageErrorf("--gateway-token-file needs --gateway")
+		}
+		b, err := os.ReadFile(o.GatewayTokenFile)
+		if err != nil {
+			return nil, usageErrorf("--gateway-token-file: %v", err)
+		}
+		co.GatewayToken = strings.TrimSpace(string(b))
+	}
+	if o.Gateway != "" {
+		if _, err := runbook.NewAdmin(o.Gateway, "", nil); err != nil {
+			return nil, usageErrorf("--gateway: %v", err)
+		}
+	}
+	if err := co.Validate(); err != nil {
+		if errors.Is(err, converged.ErrInvalid) {
+			return nil, &UsageError{Err: err}
+		}
+		return nil, err
+	}
+	return co, nil
+}
+
+func runbookConvergedRun(cmd *cobra.Command, o *RunbookOptions) error {
+	co, err := convergedOptions(o)
+	if err != nil {
+		return err
+	}
+	store, err := results.Open(o.Out)
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	rep, err := converged.Execute(ctx, co, store, o.Out, runbook.NewProgress(o.IO.ErrOut, o.IO.OutTTY))
+	if err != nil && rep.Summary.ID == "" {
+		return err
+	}
+	if run, gerr := store.Get(rep.Summary.ID); gerr == nil {
+		fmt.Fprintln(o.IO.Out)
+		if werr := results.WriteRunDetail(o.IO.Out, run, o.IO.OutTTY); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}
+	fmt.Fprintln(o.IO.Out)
+	rows := []results.RunSummary{rep.Summary}
+	if o.IO.OutTTY {
+		err = errors.Join(err, results.WriteTable(o.IO.Out, rows))
+	} else {
+		err = errors.Join(err, results.WriteTSV(o.IO.Out, rows))
+	}
+	fmt.Fprintf(o.IO.ErrOut, "results: %s (llmgw results show %s --out %s)\n", store.RunDir(rep.Summary.ID), rep.Summary.ID, o.Out)
+	if err != nil {
+		return err
+	}
+	return runbookExit(rep)
+}
+
+// runbookExit maps a run to its exit code: interrupted 130 (cleanup has
+// run), any FAIL 3, any BLOCKED 4, all PASS 0; a run that proved nothing
+// (NOT_RUN) is an error.
+func runbookExit(rep runbook.Report) error {
+	switch {
+	case rep.Interrupted:
+		return &ExitCodeError{Code: ExitCancelled, Err: fmt.Errorf("runbook %s interrupted; cleanup done, partial results kept", rep.Summary.ID)}
+	case rep.Summary.Verdict == results.StatusPass:
+		return nil
+	case rep.Summary.Verdict == results.StatusFail:
+		return &ExitCodeError{Code: ExitFail, Err: fmt.Errorf("runbook %s: FAIL", rep.Summary.ID)}
+	case rep.Summary.Verdict == results.StatusBlocked:
+		return &ExitCodeError{Code: ExitBlocked, Err: fmt.Errorf("runbook %s: BLOCKED (%s)", rep.Summary.ID, rep.Summary.ReasonCode)}
+	}
+	return &ExitCodeError{Code: ExitError, Err: fmt.Errorf("runbook %s: %s: no step passed", rep.Summary.ID, rep.Summary.Verdict.Norm())}
+}
