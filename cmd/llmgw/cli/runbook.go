@@ -129,6 +129,9 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 		HealthTimeout: o.HealthTimeout,
 		Logger:        slog.New(slog.NewTextHandler(o.IO.ErrOut, &slog.HandlerOptions{Level: level})),
 	}
+	if o.Workers < 1 || o.Workers > 64 {
+		return nil, usageErrorf("--workers %d: want 1..64", o.Workers)
+	}
 	if o.Endpoints != "" && o.Launcher != results.LauncherAttach {
 		return nil, usageErrorf("--endpoints needs --launcher attach (got --launcher %s)", o.Launcher)
 	}
