@@ -70,6 +70,7 @@ func startBootstrap(ctx context.Context, listen string, timeout time.Duration) (
 func (b *bootstrapServer) close() {
 	close(b.quit)
 	_ = b.srv.Shutdown()
+	_ = b.ln.Close() // Serve may not have started when Shutdown ran
 	<-b.done
 }
 

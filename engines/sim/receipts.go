@@ -71,11 +71,14 @@ type BootstrapTriple struct {
 // maxReceipts bounds the receipt log; older receipts are dropped first.
 const maxReceipts = 10000
 
+// receiptLog is a ring of the last limit receipts. It is safe for
+// concurrent use.
 type receiptLog struct {
 	mu    sync.Mutex
 	limit int
 	seq   uint64
 	items []Receipt
+	head  int // index of the oldest receipt once the ring is full
 }
 
 func (l *receiptLog) add(r Receipt) {
@@ -83,21 +86,24 @@ func (l *receiptLog) add(r Receipt) {
 	defer l.mu.Unlock()
 	l.seq++
 	r.Seq = l.seq
-	if len(l.items) >= l.limit {
-		n := copy(l.items, l.items[len(l.items)-l.limit+1:])
-		l.items = l.items[:n]
+	if len(l.items) < l.limit {
+		l.items = append(l.items, r)
+		return
 	}
-	l.items = append(l.items, r)
+	l.items[l.head] = r
+	l.head = (l.head + 1) % len(l.items)
 }
 
 func (l *receiptLog) snapshot() []Receipt {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]Receipt(nil), l.items...)
+	out := make([]Receipt, 0, len(l.items))
+	out = append(out, l.items[l.head:]...)
+	return append(out, l.items[:l.head]...)
 }
 
 func (l *receiptLog) reset() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.items = nil
+	l.items, l.head = nil, 0
 }

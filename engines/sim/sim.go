@@ -143,15 +143,17 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 		defer s.wg.Done()
 		<-s.ctx.Done()
 		// Ending the context closes the server even without Close; Close
-		// itself is idempotent and waits.
+		// itself is idempotent and waits. Closing the listener too covers a
+		// Shutdown that runs before Serve has registered it.
 		_ = s.srv.Shutdown()
+		_ = s.ln.Close()
 	}()
 	return s, nil
 }
 
 // idleWorkerCheck bounds how long fasthttp keeps an idle worker goroutine
 // and how long its cleaner outlives Close.
-const idleWorkerCheck = 500 * time.Millisecond
+const idleWorkerCheck = 100 * time.Millisecond
 
 // maxBodyBytes bounds request bodies (vLLM has no hard cap; 16 MiB is ample
 // for the longest contexts the simulated models accept).
@@ -201,6 +203,7 @@ func (s *Sim) Close() error {
 	s.closeOnce.Do(func() {
 		s.cancel()
 		err := s.srv.Shutdown()
+		_ = s.ln.Close() // Serve may not have started when Shutdown ran
 		s.wg.Wait()
 		if serr := <-s.serveErr; serr != nil && !errors.Is(serr, net.ErrClosed) {
 			err = errors.Join(err, serr)

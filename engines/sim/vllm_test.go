@@ -252,3 +252,22 @@ func TestConcurrencyQueue(t *testing.T) {
 		t.Errorf("no receipt shows queueing: %+v", rs)
 	}
 }
+
+func TestReceiptRing(t *testing.T) {
+	l := receiptLog{limit: 3}
+	for i := 0; i < 5; i++ {
+		l.add(Receipt{Path: fmt.Sprint(i)})
+	}
+	got := l.snapshot()
+	var paths []string
+	for _, r := range got {
+		paths = append(paths, r.Path)
+	}
+	if fmt.Sprint(paths) != "[2 3 4]" || got[0].Seq != 3 || got[2].Seq != 5 {
+		t.Errorf("ring after 5 adds with limit 3: got %v (seqs %d..%d), want [2 3 4] (3..5)", paths, got[0].Seq, got[2].Seq)
+	}
+	l.reset()
+	if n := len(l.snapshot()); n != 0 {
+		t.Errorf("after reset: %d receipts", n)
+	}
+}
