@@ -1,0 +1,344 @@
+// Package overhead measures what a proxy adds to an LLM request: the same
+// load is sent to a simulated engine directly, through an embedded llmgw,
+// and through nginx and HAProxy when they are installed, in one run, so
+// the figures compare side by side. Load is open-loop (a fixed request
+// rate, latency counted from each request's scheduled send time, so a
+// stalled target cannot hide its queue) or closed-loop (a fixed number of
+// clients, each sending its next request when the last one ends). A
+// streaming mode measures when each SSE chunk arrives.
+//
+// Everything runs on loopback and stops by itself: every target gets a
+// bounded number of requests and a bounded time.
+package overhead
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llmgw/llmgw/bench/loadgen"
+	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/gateway"
+	"github.com/llmgw/llmgw/gateway/rule"
+)
+
+// ErrParams classifies invalid parameters; Run returns it before any load
+// is sent. Test with errors.Is.
+var ErrParams = errors.New("overhead: invalid parameters")
+
+// ErrUnreachable classifies a target that did not answer the probe request
+// sent before the load; test with errors.Is.
+var ErrUnreachable = errors.New("overhead: target unreachable")
+
+// Mode is the load shape.
+type Mode string
+
+// The load shapes.
+const (
+	OpenLoop   Mode = "open"   // fixed requests per second
+	ClosedLoop Mode = "closed" // fixed concurrency
+)
+
+// Target names.
+const (
+	Direct  = "direct"
+	LLMGW   = "llmgw"
+	Nginx   = "nginx"
+	HAProxy = "haproxy"
+)
+
+// AllTargets lists every target in report order.
+func AllTargets() []string { return []string{Direct, LLMGW, Nginx, HAProxy} }
+
+// Config is one overhead benchmark.
+type Config struct {
+	Mode Mode
+	// RPS is the open-loop request rate (1..100000).
+	RPS int
+	// Concurrency is the closed-loop client count and the open-loop cap on
+	// outstanding requests (1..4096).
+	Concurrency int
+	// Duration bounds each target's measured load (10ms..10m).
+	Duration time.Duration
+	// MaxRequests bounds each target's measured requests (1..10000000).
+	MaxRequests int
+	// Warmup requests are sent to each target first and not measured.
+	Warmup int
+	// Stream sends streaming requests and records each SSE chunk's arrival.
+	Stream bool
+	// PromptBytes sizes the request's user message.
+	PromptBytes int
+	// MaxTokens caps the completion (the simulator answers 8..32 tokens).
+	MaxTokens int
+	// DecodePerToken is the simulator's per-token delay; in streaming mode
+	// it spaces the chunks. 0 answers at once.
+	DecodePerToken time.Duration
+	// Upstream, when set, is the host:port of an existing OpenAI-compatible
+	// server to use instead of the built-in simulator. It must be loopback.
+	Upstream string
+	// Model is the model name sent ("m" for the built-in simulator).
+	Model string
+	// Targets to measure, from AllTargets; Direct is always measured
+	// first, as the baseline. Nginx and HAProxy are skipped with a note
+	// when not installed.
+	Targets []string
+	// Logger receives the embedded gateway's logs; nil discards them.
+	Logger *slog.Logger
+	// Progress, when set, is called (from Run's goroutine) as each
+	// target's warm-up starts; the CLI prints it, tests synchronise on it.
+	Progress func(target string)
+}
+
+// Validate checks every parameter; errors wrap ErrParams.
+func (c Config) Validate() error {
+	switch {
+	case c.Mode != OpenLoop && c.Mode != ClosedLoop:
+		return fmt.Errorf("%w: mode %q: want open or closed", ErrParams, c.Mode)
+	case c.Mode == OpenLoop && (c.RPS < 1 || c.RPS > 100_000):
+		return fmt.Errorf("%w: rps must be 1..100000, got %d", ErrParams, c.RPS)
+	case c.Concurrency < 1 || c.Concurrency > 4096:
+		return fmt.Errorf("%w: concurrency must be 1..4096, got %d", ErrParams, c.Concurrency)
+	case c.Duration < 10*time.Millisecond || c.Duration > 10*time.Minute:
+		return fmt.Errorf("%w: duration must be 10ms..10m, got %v", ErrParams, c.Duration)
+	case c.MaxRequests < 1 || c.MaxRequests > 10_000_000:
+		return fmt.Errorf("%w: max requests must be 1..10000000, got %d", ErrParams, c.MaxRequests)
+	case c.Warmup < 0:
+		return fmt.Errorf("%w: warmup must not be negative, got %d", ErrParams, c.Warmup)
+	case c.PromptBytes < 1 || c.PromptBytes > 1<<20:
+		return fmt.Errorf("%w: prompt bytes must be 1..1048576, got %d", ErrParams, c.PromptBytes)
+	case c.MaxTokens < 1 || c.MaxTokens > 4096:
+		return fmt.Errorf("%w: max tokens must be 1..4096, got %d", ErrParams, c.MaxTokens)
+	case c.DecodePerToken < 0 || c.DecodePerToken > time.Second:
+		return fmt.Errorf("%w: decode per token must be 0..1s, got %v", ErrParams, c.DecodePerToken)
+	case len(c.Targets) == 0:
+		return fmt.Errorf("%w: no target", ErrParams)
+	}
+	for _, t := range c.Targets {
+		if !slicesContains(AllTargets(), t) {
+			return fmt.Errorf("%w: unknown target %q; valid targets are %s", ErrParams, t, strings.Join(AllTargets(), ", "))
+		}
+	}
+	if c.Upstream != "" {
+		host, port, err := net.SplitHostPort(c.Upstream)
+		if err != nil {
+			return fmt.Errorf("%w: upstream %q: %w", ErrParams, c.Upstream, err)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return fmt.Errorf("%w: upstream %q: port must be 1..65535", ErrParams, c.Upstream)
+		}
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return fmt.Errorf("%w: upstream %q: the benchmark runs on loopback only", ErrParams, c.Upstream)
+		}
+	}
+	return nil
+}
+
+func slicesContains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// TargetResult is one target's measurements.
+type TargetResult struct {
+	Target string `json:"target"`
+	// Skipped explains why the target was not measured (e.g. not
+	// installed); the other fields are zero.
+	Skipped string `json:"skipped,omitempty"`
+	// Requests completed with status 200; Errors did not.
+	Requests   int    `json:"requests"`
+	Errors     int    `json:"errors"`
+	FirstError string `json:"first_error,omitempty"`
+	// Dropped counts open-loop sends skipped because Concurrency requests
+	// were already outstanding (the target could not keep up).
+	Dropped int           `json:"dropped"`
+	Wall    time.Duration `json:"wall_ns"`
+	// Throughput is completed requests per second.
+	Throughput float64 `json:"throughput_rps"`
+	// Latency is per request: from the scheduled send (open loop) or the
+	// send (closed loop) to the last byte of the response.
+	Latency loadgen.Summary `json:"latency"`
+	// Chunks is, in streaming mode, the arrival time of every SSE data
+	// event counted from the request's send, over all requests.
+	Chunks loadgen.Summary `json:"chunks"`
+	// ResponseBytes is the mean response body size.
+	ResponseBytes int `json:"response_bytes"`
+	// AddedP50, AddedP99 (and AddedChunkP50 in streaming mode) are this
+	// target's quantile minus the direct target's, from the same run.
+	AddedP50      time.Duration `json:"added_p50_ns"`
+	AddedP99      time.Duration `json:"added_p99_ns"`
+	AddedChunkP50 time.Duration `json:"added_chunk_p50_ns"`
+}
+
+// Report is one overhead run.
+type Report struct {
+	Mode           Mode           `json:"mode"`
+	RPS            int            `json:"rps,omitempty"`
+	Concurrency    int            `json:"concurrency"`
+	Duration       time.Duration  `json:"duration_ns"`
+	MaxRequests    int            `json:"max_requests"`
+	Stream         bool           `json:"stream"`
+	PromptBytes    int            `json:"prompt_bytes"`
+	DecodePerToken time.Duration  `json:"decode_per_token_ns"`
+	Upstream       string         `json:"upstream"`
+	Started        time.Time      `json:"started"`
+	Partial        bool           `json:"partial"`
+	Results        []TargetResult `json:"results"`
+}
+
+// Result returns target's result, or nil.
+func (r *Report) Result(target string) *TargetResult {
+	for i := range r.Results {
+		if r.Results[i].Target == target {
+			return &r.Results[i]
+		}
+	}
+	return nil
+}
+
+// Run starts the upstream (unless cfg.Upstream names one), the embedded
+// gateway and the installed reference proxies, probes every target with
+// one request, and only then loads each target in turn. Every process and
+// listener it starts is stopped before it returns. When ctx ends mid-run
+// it returns the partial report (Partial set) and an error wrapping ctx's
+// error.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Model == "" {
+		cfg.Model = "m"
+	}
+	rep := &Report{Mode: cfg.Mode, Concurrency: cfg.Concurrency, Duration: cfg.Duration, MaxRequests: cfg.MaxRequests,
+		Stream: cfg.Stream, PromptBytes: cfg.PromptBytes, DecodePerToken: cfg.DecodePerToken, Upstream: cfg.Upstream,
+		Started: time.Now().UTC()}
+	if cfg.Mode == OpenLoop {
+		rep.RPS = cfg.RPS
+	}
+	upstream := cfg.Upstream
+	if upstream == "" {
+		s, err := sim.Start(ctx, sim.Config{Engine: engines.VLLM, Model: cfg.Model, KVEvents: sim.KVEventsOff, DecodePerToken: cfg.DecodePerToken})
+		if err != nil {
+			return nil, fmt.Errorf("overhead: start simulator: %w", err)
+		}
+		defer s.Close()
+		upstream = s.Addrs().HTTP
+		rep.Upstream = "sim " + upstream
+	}
+	body := requestBody(cfg)
+	if err := probe(ctx, upstream, body, cfg.Stream); err != nil {
+		return nil, fmt.Errorf("%w: upstream %s: %w", ErrUnreachable, upstream, err)
+	}
+	type target struct{ name, addr, skipped string }
+	targets := []target{{name: Direct, addr: upstream}}
+	for _, name := range cfg.Targets {
+		switch name {
+		case LLMGW:
+			addr, stop, err := startGateway(ctx, upstream, cfg.Logger)
+			if err != nil {
+				return nil, err
+			}
+			defer stop()
+			targets = append(targets, target{name: LLMGW, addr: addr})
+		case Nginx, HAProxy:
+			p, err := startProxy(ctx, name, upstream)
+			if errors.Is(err, ErrNotInstalled) {
+				targets = append(targets, target{name: name, skipped: "not installed (make bench-deps)"})
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			defer p.stop()
+			targets = append(targets, target{name: name, addr: p.addr})
+		}
+	}
+	for _, t := range targets {
+		if t.skipped != "" {
+			continue
+		}
+		if err := probe(ctx, t.addr, body, cfg.Stream); err != nil {
+			return nil, fmt.Errorf("%w: %s at %s: %w", ErrUnreachable, t.name, t.addr, err)
+		}
+	}
+	for _, t := range targets {
+		if t.skipped != "" {
+			rep.Results = append(rep.Results, TargetResult{Target: t.name, Skipped: t.skipped})
+			continue
+		}
+		if cfg.Progress != nil {
+			cfg.Progress(t.name)
+		}
+		res := load(ctx, cfg, t.addr, body)
+		res.Target = t.name
+		rep.Results = append(rep.Results, res)
+		if ctx.Err() != nil {
+			rep.Partial = true
+			break
+		}
+	}
+	if d := rep.Result(Direct); d != nil {
+		for i := range rep.Results {
+			r := &rep.Results[i]
+			if r.Skipped != "" || r.Requests == 0 {
+				continue
+			}
+			r.AddedP50, r.AddedP99 = r.Latency.P50-d.Latency.P50, r.Latency.P99-d.Latency.P99
+			if cfg.Stream {
+				r.AddedChunkP50 = r.Chunks.P50 - d.Chunks.P50
+			}
+		}
+	}
+	if rep.Partial {
+		return rep, fmt.Errorf("overhead: interrupted: %w", ctx.Err())
+	}
+	return rep, nil
+}
+
+// startGateway runs an embedded llmgw with one round-robin rule over
+// upstream (probes off, so the request path is all that is measured).
+func startGateway(ctx context.Context, upstream string, log *slog.Logger) (string, func(), error) {
+	host, port, err := net.SplitHostPort(upstream)
+	if err != nil {
+		return "", nil, fmt.Errorf("overhead: upstream %q: %w", upstream, err)
+	}
+	if host == "localhost" {
+		host = "127.0.0.1"
+	}
+	r, err := rule.Decode([]byte(fmt.Sprintf("name: bench\nmodel_name: \"\"\nsel: 0\nprobe: {disabled: true}\nendpoints:\n  - {id: w1, endpointIP: %s, targetPort: %s}\n", host, port)))
+	if err != nil {
+		return "", nil, fmt.Errorf("overhead: gateway rule: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "llmgw-bench-gw-")
+	if err != nil {
+		return "", nil, fmt.Errorf("overhead: gateway state dir: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: dir, Logger: log})
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("overhead: gateway: %w", err)
+	}
+	stop := func() { _ = gw.Close(); os.RemoveAll(dir) }
+	if err := gw.Start(ctx); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("overhead: gateway start: %w", err)
+	}
+	if _, err := gw.Apply(r, true); err != nil {
+		stop()
+		return "", nil, fmt.Errorf("overhead: gateway rule: %w", err)
+	}
+	return gw.Addr(), stop, nil
+}

@@ -1,0 +1,166 @@
+package overhead
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+)
+
+// ErrNotInstalled reports that a reference proxy's binary is not on PATH
+// (`make bench-deps` installs nginx and HAProxy); test with errors.Is.
+var ErrNotInstalled = errors.New("overhead: proxy not installed")
+
+// proxy is a running reference proxy process.
+type proxy struct {
+	addr string
+	proc *os.Process
+	dir  string
+	// exited receives the process's Wait result; one goroutine owns Wait.
+	exited chan error
+}
+
+// stop kills the proxy process this package started (by its own handle,
+// never by name), waits for it and removes its files.
+func (p *proxy) stop() {
+	_ = p.proc.Kill()
+	<-p.exited
+	os.RemoveAll(p.dir)
+}
+
+// freeLoopbackAddr asks the kernel for a free loopback port. The proxies
+// bind it themselves a moment later; the race with another process taking
+// it is accepted (startProxy then fails with a clear error).
+func freeLoopbackAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("overhead: pick a port: %w", err)
+	}
+	addr := ln.Addr().String()
+	return addr, ln.Close()
+}
+
+// nginxConf is a keep-alive reverse proxy to upstream with buffering off,
+// so SSE chunks are forwarded as they arrive.
+func nginxConf(dir, upstream, listen string) string {
+	return fmt.Sprintf(`daemon off;
+worker_processes 2;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s;
+  proxy_temp_path %[1]s;
+  upstream w { server %[2]s; keepalive 256; }
+  server {
+    listen %[3]s;
+    location / { proxy_pass http://w; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
+  }
+}
+`, dir, upstream, listen)
+}
+
+// haproxyConf is HAProxy's equivalent: HTTP mode, keep-alive on both sides
+// with server connection reuse, two threads (the machine's cores).
+func haproxyConf(upstream, listen string) string {
+	return fmt.Sprintf(`global
+  maxconn 8192
+  nbthread 2
+defaults
+  mode http
+  option http-keep-alive
+  http-reuse always
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend bench
+  bind %s
+  default_backend w
+backend w
+  server w1 %s
+`, listen, upstream)
+}
+
+// startProxy writes kind's ("nginx" or "haproxy") configuration for
+// upstream, starts it in the foreground and waits until it accepts
+// connections. It returns ErrNotInstalled when the binary is missing.
+func startProxy(ctx context.Context, kind, upstream string) (*proxy, error) {
+	bin, err := exec.LookPath(kind)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrNotInstalled, kind)
+	}
+	listen, err := freeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "llmgw-bench-"+kind+"-")
+	if err != nil {
+		return nil, fmt.Errorf("overhead: %s dir: %w", kind, err)
+	}
+	var args []string
+	switch kind {
+	case "nginx":
+		path := filepath.Join(dir, "nginx.conf")
+		if err := os.WriteFile(path, []byte(nginxConf(dir, upstream, listen)), 0o600); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("overhead: nginx config: %w", err)
+		}
+		args = []string{"-c", path, "-p", dir}
+	case "haproxy":
+		path := filepath.Join(dir, "haproxy.cfg")
+		if err := os.WriteFile(path, []byte(haproxyConf(upstream, listen)), 0o600); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("overhead: haproxy config: %w", err)
+		}
+		// -db: stay in the foreground, so Kill stops it.
+		args = []string{"-f", path, "-db"}
+	default:
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("%w: unknown proxy %q", ErrParams, kind)
+	}
+	cmd := exec.Command(bin, args...)
+	out, err := os.Create(filepath.Join(dir, "output.log"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("overhead: %s log: %w", kind, err)
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("overhead: start %s: %w", kind, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(5 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", listen); err == nil {
+			c.Close()
+			return &proxy{addr: listen, proc: cmd.Process, dir: dir, exited: exited}, nil
+		}
+		select {
+		case err := <-exited:
+			log, _ := os.ReadFile(filepath.Join(dir, "output.log"))
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("overhead: %s exited before listening (%v): %s", kind, err, log)
+		case <-deadline:
+			_ = cmd.Process.Kill()
+			<-exited
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("overhead: %s not listening on %s after 5s", kind, listen)
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			<-exited
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("overhead: starting %s: %w", kind, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,92 @@
+package overhead
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// WriteJSON writes the report as indented JSON.
+func WriteJSON(w io.Writer, r *Report) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("overhead: encode json: %w", err)
+	}
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("overhead: write json: %w", err)
+	}
+	return nil
+}
+
+// WriteMarkdown writes the report as a Markdown table, with the ratios to
+// the reference proxies measured in the same run.
+func WriteMarkdown(w io.Writer, r *Report) error {
+	var b strings.Builder
+	load := fmt.Sprintf("closed loop, %d clients", r.Concurrency)
+	if r.Mode == OpenLoop {
+		load = fmt.Sprintf("open loop, %d requests/s (at most %d outstanding)", r.RPS, r.Concurrency)
+	}
+	kind := "non-streaming"
+	if r.Stream {
+		kind = fmt.Sprintf("streaming (decode %v/token)", r.DecodePerToken)
+	}
+	fmt.Fprintf(&b, "%s, %s, %d-byte prompts, ≤ %v or %d requests per target, upstream %s", load, kind, r.PromptBytes, r.Duration, r.MaxRequests, r.Upstream)
+	if r.Partial {
+		b.WriteString(" — **partial: interrupted**")
+	}
+	b.WriteString(".\n\n")
+	if r.Stream {
+		b.WriteString("| target | requests/s | p50 | p90 | p99 | added p50 | added p99 | chunk p50 | added per chunk p50 | errors | dropped |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	} else {
+		b.WriteString("| target | requests/s | p50 | p90 | p99 | added p50 | added p99 | response bytes | errors | dropped |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	}
+	for _, res := range r.Results {
+		if res.Skipped != "" {
+			fmt.Fprintf(&b, "| %s | %s |\n", res.Target, res.Skipped)
+			continue
+		}
+		added50, added99 := fmtDur(res.AddedP50), fmtDur(res.AddedP99)
+		if res.Target == Direct {
+			added50, added99 = "—", "—"
+		}
+		fmt.Fprintf(&b, "| %s | %.0f | %s | %s | %s | %s | %s |", res.Target, res.Throughput,
+			fmtDur(res.Latency.P50), fmtDur(res.Latency.P90), fmtDur(res.Latency.P99), added50, added99)
+		if r.Stream {
+			chunk := fmtDur(res.AddedChunkP50)
+			if res.Target == Direct {
+				chunk = "—"
+			}
+			fmt.Fprintf(&b, " %s | %s |", fmtDur(res.Chunks.P50), chunk)
+		} else {
+			fmt.Fprintf(&b, " %d |", res.ResponseBytes)
+		}
+		fmt.Fprintf(&b, " %d | %d |\n", res.Errors, res.Dropped)
+	}
+	gw := r.Result(LLMGW)
+	var ratios []string
+	for _, ref := range []string{Nginx, HAProxy} {
+		if p := r.Result(ref); gw != nil && p != nil && p.Throughput > 0 && gw.Throughput > 0 {
+			ratios = append(ratios, fmt.Sprintf("llmgw / %s throughput = %.2fx", ref, gw.Throughput/p.Throughput))
+		}
+	}
+	if len(ratios) > 0 {
+		fmt.Fprintf(&b, "\n%s (same run).\n", strings.Join(ratios, "; "))
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("overhead: write markdown: %w", err)
+	}
+	return nil
+}
+
+// fmtDur prints µs below 10 ms and ms above, signed (an added latency can
+// be negative within noise).
+func fmtDur(d time.Duration) string {
+	if d > -10*time.Millisecond && d < 10*time.Millisecond {
+		return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
+	}
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
