@@ -71,7 +71,10 @@ Launchers:
   docker  containers through the local docker daemon; the image comes from the
           profile, never pulled. --image-override sim=IMAGE runs 'llmgw sim' workers
           from an image of this binary instead (GPU-free). No daemon, no GPU or no
-          image is BLOCKED (no_docker, no_gpu, image_unavailable).
+          image is BLOCKED (no_docker, no_gpu, image_unavailable). A simulator image:
+            d=$(mktemp -d) && CGO_ENABLED=0 go build -o $d/llmgw ./cmd/llmgw &&
+            printf 'FROM scratch\nCOPY llmgw /llmgw\nENTRYPOINT ["/llmgw"]\n' > $d/Dockerfile &&
+            docker build -t llmgw-sim:test $d
   attach  --endpoints host:port,... already running; nothing launched or stopped
 
 llamacpp has no KV events: --mode exact with --engine llamacpp is a usage error.
