@@ -219,6 +219,11 @@ func (kv *kvRuntime) route(sc *kvScratch, v *fastjson.Value, kind openai.Kind, e
 		sc.matched = make([]int, len(kv.pool))
 	}
 	sc.matched = sc.matched[:len(kv.pool)]
+	// A publisher restart known from a reconnect must empty its endpoint's
+	// inventory before the match, not after it.
+	for _, g := range kv.ingest {
+		g.CheckRestarts()
+	}
 	kv.index.Match(sc.keys, sc.matched)
 
 	var total int64

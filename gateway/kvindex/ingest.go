@@ -187,6 +187,11 @@ type streamSeq struct {
 	endpoint string
 	lastSeq  int64
 	scratch  kvevents.Batch
+	// restarts is the subscriber's Restarts count already acted on;
+	// clearedEarly says the inventory was cleared for the latest one
+	// before its Restarted batch arrived (see CheckRestarts).
+	restarts     uint64
+	clearedEarly bool
 }
 
 // NewIngester validates cfg against x and returns an Ingester; Run starts
@@ -282,10 +287,17 @@ func (g *Ingester) runZMQ(ctx context.Context) error {
 				if m.Restarted {
 					// The publisher is not the stream applied so far (its
 					// replay buffer disagrees): a restart whose sequence
-					// numbers may already have caught up. Start over.
+					// numbers may already have caught up. Start over,
+					// unless CheckRestarts already did for this restart.
 					g.mu.Lock()
-					g.streams[i].lastSeq = -1
-					g.resyncLocked(ReasonRestart)
+					s := &g.streams[i]
+					if s.clearedEarly {
+						s.clearedEarly = false
+					} else {
+						s.lastSeq = -1
+						g.resyncLocked(ReasonRestart)
+					}
+					s.restarts = max(s.restarts, sub.State().Restarts)
 					g.mu.Unlock()
 				}
 				g.handleBatch(i, m.Seq, m.Payload)
@@ -389,10 +401,40 @@ func (g *Ingester) resyncLocked(reason string) {
 	g.log.Info("KV inventory cleared", "reason", reason)
 }
 
+// CheckRestarts clears the inventory as soon as a subscriber has found,
+// on reconnecting, that its publisher restarted. The subscriber learns it
+// from the replay buffer right after the reconnect but reports it only on
+// its next delivered batch; a restarted engine with an empty cache may
+// publish nothing for a long while, and until then the inventory would
+// describe blocks the engine no longer holds (phantom hits). Routing calls
+// this before matching a request against the index. Safe for concurrent
+// use; cheap when nothing changed.
+func (g *Ingester) CheckRestarts() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.checkRestartsLocked()
+}
+
+func (g *Ingester) checkRestartsLocked() {
+	for i := range g.streams {
+		if i >= len(g.subs) || g.subs[i] == nil {
+			continue
+		}
+		s := &g.streams[i]
+		if n := g.subs[i].State().Restarts; n > s.restarts {
+			s.restarts = n
+			s.lastSeq = -1
+			s.clearedEarly = true
+			g.resyncLocked(ReasonRestart)
+		}
+	}
+}
+
 // State returns a snapshot of the Ingester's state. Safe for concurrent use.
 func (g *Ingester) State() IngestState {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.checkRestartsLocked()
 	st := g.st
 	st.Streams = nil
 	if g.trt != nil {
