@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -199,3 +200,5 @@ func metric(t *testing.T, g *harness.Gateway, name string, labels ...string) flo
 	}
 	return m.Sum(name, labels...)
 }
+
+func errorsAs[T error](err error, target *T) bool { return errors.As(err, target) }
