@@ -10,6 +10,7 @@ func subcommands(io *IOStreams) []*cobra.Command {
 		newSimCmd(io),
 		newProfilesCmd(io),
 		newResultsCmd(io),
+		newBenchCmd(io),
 		newRunbookCmd(io, nil),
 		newCleanupCmd(io, nil),
 		newVersionCmd(io),
