@@ -48,6 +48,21 @@ bench-gateway:
 	$(GO) test -run '^$$' -bench 'Overhead' -benchtime 3s ./gateway/
 	$(GO) test -run '^$$' -bench 'Pick' -benchmem ./gateway/policy/
 
+# bench-overhead: `llmgw bench overhead` in its three shapes, one run each
+# (direct, llmgw, nginx and HAProxy side by side; make bench-deps first).
+.PHONY: bench-overhead bench-routing
+BENCH_OUT ?= /tmp/llmgw-bench
+bench-overhead: build
+	@mkdir -p $(BENCH_OUT)
+	./bin/llmgw bench overhead --mode open --rps 5000 --concurrency 256 --duration 10s --requests 50000 --json $(BENCH_OUT)/overhead-open.json
+	./bin/llmgw bench overhead --mode closed --concurrency 32 --duration 10s --json $(BENCH_OUT)/overhead-closed.json
+	./bin/llmgw bench overhead --mode closed --concurrency 16 --stream --decode-per-token 200us --duration 10s --json $(BENCH_OUT)/overhead-stream.json
+
+# bench-routing: `llmgw bench routing` over every workload and policy;
+# JSON, Markdown and the PNG chart land in $(BENCH_OUT)/.
+bench-routing: build
+	./bin/llmgw bench routing --workload all --requests 800 --out $(BENCH_OUT)
+
 # Reference proxies for the comparisons (Debian packages).
 bench-deps:
 	@command -v nginx >/dev/null && command -v haproxy >/dev/null || \
