@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +50,43 @@ func BenchmarkTinyCompletions(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+		})
+	}
+}
+
+// BenchmarkTTFTCacheHit shows the latency model's point: with a prefill cost
+// per uncached token, a prompt whose prefix is cached reaches its first
+// token sooner. "cold" sends a new prompt each time, "warm" repeats one.
+func BenchmarkTTFTCacheHit(b *testing.B) {
+	s := startSim(b, Config{Engine: engines.VLLM, KVEvents: KVEventsOff, PrefillPerToken: 20 * time.Microsecond})
+	c := &fasthttp.HostClient{Addr: s.Addrs().HTTP, MaxIdleConnDuration: 100 * time.Millisecond, Dial: func(addr string) (net.Conn, error) { return net.Dial("tcp", addr) }}
+	b.Cleanup(c.CloseIdleConnections)
+	long := strings.Repeat("shared system prompt with many tokens ", 40)
+	for _, tc := range []struct {
+		name   string
+		prompt func(i int) string
+	}{
+		{"cold", func(i int) string { return fmt.Sprintf("%d %s", i, long) }},
+		{"warm", func(int) string { return long }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var ttft time.Duration
+			for i := 0; i < b.N; i++ {
+				body := fmt.Sprintf(`{"prompt":%q,"max_tokens":1}`, tc.prompt(i))
+				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+				req.SetRequestURI("http://" + s.Addrs().HTTP + "/v1/completions")
+				req.Header.SetMethod("POST")
+				req.SetBodyString(body)
+				t0 := time.Now()
+				err := c.Do(req, resp)
+				ttft += time.Since(t0)
+				if err != nil || resp.StatusCode() != 200 {
+					b.Fatalf("request: %v %d", err, resp.StatusCode())
+				}
+				fasthttp.ReleaseRequest(req)
+				fasthttp.ReleaseResponse(resp)
+			}
+			b.ReportMetric(float64(ttft.Microseconds())/float64(b.N), "ttft-us")
 		})
 	}
 }
