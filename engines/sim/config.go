@@ -78,6 +78,13 @@ type Config struct {
 	// Seed makes generated text deterministic: equal seeds and prompts give
 	// equal completions.
 	Seed int64
+	// DPRanks is the number of data-parallel (attention-DP) ranks: each
+	// rank has its own prefix cache and, for vLLM and SGLang, its own KV
+	// event publisher whose ports are the base ports plus the rank (a
+	// kernel-chosen port stays kernel-chosen per rank). Requests go to the
+	// rank named by "routed_dp_rank" or "data_parallel_rank", else round
+	// robin. Default 1.
+	DPRanks int
 	// BootstrapListen is the SGLang prefill bootstrap server address; default
 	// "127.0.0.1:0". Only a SGLang prefill (or both-role) sim starts one.
 	BootstrapListen string
@@ -185,6 +192,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxConcurrency < 0 {
 		return c, fmt.Errorf("%w: max concurrency %d is negative", ErrConfig, c.MaxConcurrency)
+	}
+	if c.DPRanks < 0 || c.DPRanks > 64 {
+		return c, fmt.Errorf("%w: dp ranks %d out of range 1..64", ErrConfig, c.DPRanks)
+	}
+	if c.DPRanks == 0 {
+		c.DPRanks = 1
 	}
 	if c.BootstrapListen == "" {
 		c.BootstrapListen = defaultListen

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,6 +33,7 @@ type batchPublisher interface {
 // batches are published in the order publish is called.
 type eventHub struct {
 	cfg    Config
+	rank   int64
 	enc    kvevents.Encoding
 	faults *faultState
 
@@ -46,8 +48,8 @@ type eventHub struct {
 // eventTopic is the topic frame; vLLM's default is "" (empty frame).
 const eventTopic = ""
 
-func newEventHub(ctx context.Context, cfg Config, faults *faultState) (*eventHub, error) {
-	h := &eventHub{cfg: cfg, faults: faults, endpoint: cfg.KVEvents}
+func newEventHub(ctx context.Context, cfg Config, faults *faultState, rank int) (*eventHub, error) {
+	h := &eventHub{cfg: cfg, faults: faults, endpoint: offsetEndpointPort(cfg.KVEvents, rank), rank: int64(rank)}
 	switch {
 	case cfg.Engine == engines.SGLang && cfg.EventEncoding == EncodingArray:
 		h.enc = kvevents.ArraySGLang
@@ -58,7 +60,7 @@ func newEventHub(ctx context.Context, cfg Config, faults *faultState) (*eventHub
 	}
 	// The replay socket always binds; put it on the publisher's host.
 	if replayable(cfg.KVEvents) {
-		h.replay = replayEndpointFor(cfg.KVEvents)
+		h.replay = replayEndpointFor(h.endpoint)
 	}
 	pub, err := newBatchPublisher(ctx, h.endpoint, h.replay, eventTopic, h.replayWithTopic(), false)
 	if err != nil {
@@ -67,13 +69,35 @@ func newEventHub(ctx context.Context, cfg Config, faults *faultState) (*eventHub
 	h.pub = pub
 	// Restarts rebind the ports the kernel chose (a connecting PUB keeps
 	// its endpoint and reconnects).
-	if a := pub.Addr(); a != "" && (kernelChosenPort(cfg.KVEvents) || kvevents.ShouldBind(cfg.KVEvents)) {
+	if a := pub.Addr(); a != "" && (kernelChosenPort(h.endpoint) || kvevents.ShouldBind(h.endpoint)) {
 		h.endpoint, h.bound = a, true
 	}
 	if a := pub.ReplayAddr(); a != "" {
 		h.replay = a
 	}
 	return h, nil
+}
+
+// offsetEndpointPort is vLLM's offset_endpoint_port: data-parallel rank r
+// publishes on the base TCP port + r (a kernel-chosen port 0 stays 0), or on
+// "<endpoint>_dp<r>" for inproc/ipc endpoints. Rank 0 is unchanged.
+func offsetEndpointPort(endpoint string, rank int) string {
+	if rank == 0 {
+		return endpoint
+	}
+	hostport, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok {
+		return endpoint + "_dp" + strconv.Itoa(rank)
+	}
+	i := strings.LastIndex(hostport, ":")
+	if i < 0 {
+		return endpoint
+	}
+	port, err := strconv.Atoi(hostport[i+1:])
+	if err != nil || port == 0 {
+		return endpoint
+	}
+	return "tcp://" + hostport[:i+1] + strconv.Itoa(port+rank)
 }
 
 // replayWithTopic: vLLM's map encoding era (≥ 0.26 for replay) puts a topic
@@ -118,7 +142,7 @@ func (h *eventHub) addrs() (events, replay string) {
 // the events the sim builds; they are counted as dropped batches.
 func (h *eventHub) publish(evs []simEvent) {
 	batch := kvevents.Batch{TS: float64(h.cfg.Clock().UnixNano()) / 1e9, Events: make([]kvevents.Event, len(evs))}
-	rank := int64(0)
+	rank := h.rank
 	batch.DPRank = &rank
 	gpu := "GPU"
 	for i, e := range evs {
@@ -131,6 +155,9 @@ func (h *eventHub) publish(evs []simEvent) {
 			ke.TokenIDs = e.tokens
 			ke.BlockSize = len(e.tokens) / max(len(e.hashes), 1)
 			ke.Medium = &gpu
+			if h.cfg.Engine == engines.SGLang {
+				ke.DPRank = &rank // SGLang's trailing attn_dp_rank element
+			}
 			if h.enc == kvevents.Map && h.cfg.Engine == engines.VLLM {
 				// Current vLLM fills extra_keys (one nil per block),
 				// group_idx and the cache spec kind.

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -226,7 +227,7 @@ func TestEventReplayAndRestart(t *testing.T) {
 			// empty cache (the next request stores its blocks again).
 			before := s.Addrs()
 			postFaults(t, s, `{"restart_publisher":true}`)
-			if s.Addrs() != before {
+			if !reflect.DeepEqual(s.Addrs(), before) {
 				t.Errorf("addresses changed across restart: %+v -> %+v", before, s.Addrs())
 			}
 			if got := replay(t, s.Addrs().Replay, 0); len(got) != 0 {
@@ -285,5 +286,58 @@ func TestSGLangEventsPerPage(t *testing.T) {
 	}
 	if fmt.Sprint(second[1]) != "[5674439469042975057]" || fmt.Sprint(second[2]) != "-3488128144981237669" {
 		t.Errorf("second page event: %v", second)
+	}
+}
+
+func TestOffsetEndpointPort(t *testing.T) {
+	tests := []struct {
+		name     string
+		endpoint string
+		rank     int
+		want     string
+	}{
+		{"rank 0 unchanged", "tcp://*:5557", 0, "tcp://*:5557"},
+		{"tcp port offset", "tcp://*:5557", 1, "tcp://*:5558"},
+		{"host kept", "tcp://127.0.0.1:6000", 3, "tcp://127.0.0.1:6003"},
+		{"kernel-chosen stays 0", "tcp://127.0.0.1:0", 2, "tcp://127.0.0.1:0"},
+		{"inproc suffix", "inproc://kv", 1, "inproc://kv_dp1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := offsetEndpointPort(tc.endpoint, tc.rank); got != tc.want {
+				t.Errorf("offsetEndpointPort(%q, %d): got %q, want %q", tc.endpoint, tc.rank, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDPRanks: each attention-DP rank has its own publisher and cache; a
+// request pinned to rank 1 is published on rank 1's socket with rank 1 in
+// the batch and in SGLang's attn_dp_rank element.
+func TestDPRanks(t *testing.T) {
+	s := startSim(t, Config{Engine: engines.SGLang, BlockSize: 4, DPRanks: 2})
+	a := s.Addrs()
+	if len(a.EventsByRank) != 2 || len(a.ReplayByRank) != 2 || a.EventsByRank[0] != a.Events || a.EventsByRank[1] == a.Events {
+		t.Fatalf("addrs: %+v", a)
+	}
+	ch := subscribe(t, a.EventsByRank[1])
+	warmUp(t, s, ch)
+	c := client(t)
+	body := `{"input_ids":[1,2,3,4,5],"sampling_params":{"max_new_tokens":1},"data_parallel_rank":1}`
+	do(t, c, "POST", "http://"+a.HTTP+"/generate", body)
+	m := recvMsg(t, ch)
+	var batch []any
+	if err := msgpack.Unmarshal(m.payload, &batch); err != nil {
+		t.Fatal(err)
+	}
+	ev := batch[1].([]any)[0].([]any)
+	if fmt.Sprint(batch[2]) != "1" || fmt.Sprint(ev[len(ev)-1]) != "1" {
+		t.Errorf("rank 1 batch: dp rank %v, event %v", batch[2], ev)
+	}
+	// The same prompt on rank 1 hits its cache; on rank 0 it misses.
+	res := do(t, c, "POST", "http://"+a.HTTP+"/generate", body)
+	res0 := do(t, c, "POST", "http://"+a.HTTP+"/generate", `{"input_ids":[1,2,3,4,5],"sampling_params":{"max_new_tokens":1},"data_parallel_rank":0}`)
+	if !bytes.Contains(res.body, []byte(`"cached_tokens":4`)) || !bytes.Contains(res0.body, []byte(`"cached_tokens":0`)) {
+		t.Errorf("per-rank caches: rank 1 %s; rank 0 %s", res.body, res0.body)
 	}
 }

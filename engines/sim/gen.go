@@ -118,6 +118,7 @@ func (s *Sim) blockKeys(prompt []uint32) []uint64 {
 // publishing the cache changes, and returns the outcome without output.
 func (s *Sim) prefill(job *genJob) *genOutcome {
 	out := &genOutcome{promptTokens: len(job.prompt), start: time.Now()}
+	rank := s.pickRank(job)
 	bs := s.cfg.BlockSize
 	out.keys = s.blockKeys(job.prompt)
 	useCache := job.req == nil || job.req.CachePrompt == nil || *job.req.CachePrompt
@@ -129,7 +130,7 @@ func (s *Sim) prefill(job *genJob) *genOutcome {
 	}
 	hit := 0
 	if useCache {
-		hit = s.cache.lookup(out.keys[:min(maxHit, len(out.keys))])
+		hit = rank.cache.lookup(out.keys[:min(maxHit, len(out.keys))])
 	}
 	cached := hit * bs
 	if r := min(job.remoteTokens, max(len(job.prompt)-1, 0)); r > cached {
@@ -142,9 +143,9 @@ func (s *Sim) prefill(job *genJob) *genOutcome {
 	s.metrics.promptTokens.Add(int64(len(job.prompt)))
 	s.sleep(out.prefillCost + s.faults.addedLatency())
 	if useCache {
-		res := s.cache.insert(out.keys)
+		res := rank.cache.insert(out.keys)
 		out.blockIDs = res.ids
-		s.publishCacheChange(job.prompt, out.keys, res)
+		s.publishCacheChange(rank, job.prompt, out.keys, res)
 	}
 	return out
 }
@@ -178,8 +179,8 @@ func (s *Sim) generate(job *genJob, out *genOutcome) {
 // publishCacheChange emits the persona's events for one prefix-cache insert:
 // removals for evicted blocks, then one stored event for the new blocks
 // (vLLM, TensorRT-LLM) or one per page (SGLang).
-func (s *Sim) publishCacheChange(prompt []uint32, keys []uint64, res insertResult) {
-	if s.events == nil && s.trt == nil {
+func (s *Sim) publishCacheChange(rank *dpRank, prompt []uint32, keys []uint64, res insertResult) {
+	if rank.events == nil && s.trt == nil {
 		return
 	}
 	bs := s.cfg.BlockSize
@@ -210,7 +211,23 @@ func (s *Sim) publishCacheChange(prompt []uint32, keys []uint64, res insertResul
 		s.trt.push(evs, bs)
 		return
 	}
-	s.events.publish(evs)
+	rank.events.publish(evs)
+}
+
+// pickRank returns the data-parallel rank that serves job: the one the
+// request names, else the next in round robin.
+func (s *Sim) pickRank(job *genJob) *dpRank {
+	if len(s.ranks) == 1 {
+		return s.ranks[0]
+	}
+	if r := job.req; r != nil {
+		for _, v := range []*int{r.RoutedDPRank, r.DataParallelRank} {
+			if v != nil && *v >= 0 && *v < len(s.ranks) {
+				return s.ranks[*v]
+			}
+		}
+	}
+	return s.ranks[int(s.rr.Add(1)-1)%len(s.ranks)]
 }
 
 // simEvent is one KV cache event in engine-neutral form.
@@ -232,14 +249,16 @@ const (
 
 // resetCache empties the prefix cache and announces it (AllBlocksCleared).
 func (s *Sim) resetCache() {
-	keys := s.cache.clear()
-	switch {
-	case s.trt != nil:
-		// TensorRT-LLM has no "all cleared" event; it reports removals.
-		if len(keys) > 0 {
-			s.trt.push([]simEvent{{kind: evRemoved, hashes: keys}}, s.cfg.BlockSize)
+	for _, rank := range s.ranks {
+		keys := rank.cache.clear()
+		switch {
+		case s.trt != nil:
+			// TensorRT-LLM has no "all cleared" event; it reports removals.
+			if len(keys) > 0 {
+				s.trt.push([]simEvent{{kind: evRemoved, hashes: keys}}, s.cfg.BlockSize)
+			}
+		case rank.events != nil:
+			rank.events.publish([]simEvent{{kind: evCleared}})
 		}
-	case s.events != nil:
-		s.events.publish([]simEvent{{kind: evCleared}})
 	}
 }

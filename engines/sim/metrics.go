@@ -107,7 +107,7 @@ func (p *promWriter) ttft(s *Sim, name string) {
 // renderMetrics returns the persona's Prometheus text.
 func (s *Sim) renderMetrics() []byte {
 	m := &s.metrics
-	usage := float64(s.cache.len()) / float64(s.cfg.CacheBlocks)
+	usage := float64(s.cacheLen()) / float64(s.cfg.CacheBlocks*len(s.ranks))
 	running, waiting := float64(s.running.Load()), float64(s.waiting.Load())
 	p := &promWriter{}
 	switch s.cfg.Engine {
@@ -135,7 +135,7 @@ func (s *Sim) renderMetrics() []byte {
 		p.gauge("sglang:num_running_reqs", "The number of running requests.", running)
 		p.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", waiting)
 		p.gauge("sglang:token_usage", "The token usage.", usage)
-		p.gauge("sglang:num_used_tokens", "The number of used tokens.", float64(s.cache.len()*s.cfg.BlockSize))
+		p.gauge("sglang:num_used_tokens", "The number of used tokens.", float64(s.cacheLen()*s.cfg.BlockSize))
 		hitRate := 0.0
 		if q := m.prefixQueries.Load(); q > 0 {
 			hitRate = float64(m.prefixHits.Load()) / float64(q)

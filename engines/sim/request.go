@@ -49,6 +49,9 @@ type genRequest struct {
 		MaxNewTokens *int `json:"max_new_tokens"`
 	} `json:"sampling_params"`
 	RID *string `json:"rid"`
+	// Data-parallel rank selection (SGLang router / vLLM DP).
+	RoutedDPRank     *int `json:"routed_dp_rank"`
+	DataParallelRank *int `json:"data_parallel_rank"`
 
 	// llama.cpp native /completion.
 	NPredict    *int  `json:"n_predict"`

@@ -67,7 +67,7 @@ func (s *Sim) handleSim(ctx *fasthttp.RequestCtx, path string) {
 			ctx.SetBody(mustJSON(map[string]string{"error": "sim: faults: " + err.Error()}))
 			return
 		}
-		if (p.SeqGap != nil && *p.SeqGap > 0 || p.DropEvents != nil && *p.DropEvents > 0) && s.events != nil && !s.events.canSkip() {
+		if (p.SeqGap != nil && *p.SeqGap > 0 || p.DropEvents != nil && *p.DropEvents > 0) && s.ranks[0].events != nil && !s.ranks[0].events.canSkip() {
 			ctx.SetStatusCode(fasthttp.StatusNotImplemented)
 			ctx.SetBody(mustJSON(map[string]string{"error": errNoSeqSkip.Error()}))
 			return
@@ -97,15 +97,22 @@ func (s *Sim) handleSim(ctx *fasthttp.RequestCtx, path string) {
 // process sends none) and a new publisher starts on the same ports with its
 // sequence back at 0 and an empty replay buffer.
 func (s *Sim) restartPublisher() error {
-	s.cache.clear()
+	for _, r := range s.ranks {
+		r.cache.clear()
+	}
 	if s.trt != nil {
 		s.trt.restart()
 		return nil
 	}
-	if s.events == nil {
+	if s.ranks[0].events == nil {
 		return errors.New("sim: restart publisher: this sim has no KV event publisher")
 	}
-	return s.events.restart(s.ctx)
+	for _, r := range s.ranks {
+		if err := r.events.restart(s.ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func mustJSON(v any) []byte {

@@ -40,6 +40,16 @@ type Addrs struct {
 	Replay string `json:"replay"`
 	// Bootstrap is the host:port of the SGLang prefill bootstrap server.
 	Bootstrap string `json:"bootstrap"`
+	// EventsByRank and ReplayByRank list every data-parallel rank's
+	// endpoints (rank 0 first) when Config.DPRanks > 1.
+	EventsByRank []string `json:"events_by_rank,omitempty"`
+	ReplayByRank []string `json:"replay_by_rank,omitempty"`
+}
+
+// dpRank is one data-parallel rank: its own prefix cache and publisher.
+type dpRank struct {
+	cache  *prefixCache
+	events *eventHub // nil when events are off
 }
 
 // Sim is one running simulated engine. Its methods are safe for concurrent
@@ -59,7 +69,8 @@ type Sim struct {
 	render tokenizer.Renderer
 	bos    []uint32      // prepended to text prompts when the model's config says so
 	hasher kvhash.Hasher // nil for TensorRT-LLM, whose engine key is chained directly
-	cache  *prefixCache
+	ranks  []*dpRank
+	rr     atomic.Uint64 // round-robin rank choice
 
 	slots   chan struct{} // nil when concurrency is unbounded
 	running atomic.Int64
@@ -71,7 +82,6 @@ type Sim struct {
 	faults   faultState
 	receipts receiptLog
 
-	events     *eventHub // vLLM/SGLang ZMQ publisher; nil when off
 	trt        *trtEventQueue
 	boot       *bootstrapServer
 	bootClient bootstrapClient
@@ -89,7 +99,10 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sim{cfg: cfg, cache: newPrefixCache(cfg.CacheBlocks), serveErr: make(chan error, 1)}
+	s := &Sim{cfg: cfg, serveErr: make(chan error, 1)}
+	for i := 0; i < cfg.DPRanks; i++ {
+		s.ranks = append(s.ranks, &dpRank{cache: newPrefixCache(cfg.CacheBlocks)})
+	}
 	s.receipts.limit = maxReceipts
 	if err := s.initTokenizer(); err != nil {
 		return nil, err
@@ -163,12 +176,21 @@ func (s *Sim) startSidecars() error {
 	switch s.cfg.Engine {
 	case engines.VLLM, engines.SGLang:
 		if s.cfg.KVEvents != KVEventsOff {
-			hub, err := newEventHub(s.ctx, s.cfg, &s.faults)
-			if err != nil {
-				return err
+			for r, rank := range s.ranks {
+				hub, err := newEventHub(s.ctx, s.cfg, &s.faults, r)
+				if err != nil {
+					return err
+				}
+				rank.events = hub
+				ev, rp := hub.addrs()
+				if r == 0 {
+					s.addrs.Events, s.addrs.Replay = ev, rp
+				}
+				if len(s.ranks) > 1 {
+					s.addrs.EventsByRank = append(s.addrs.EventsByRank, ev)
+					s.addrs.ReplayByRank = append(s.addrs.ReplayByRank, rp)
+				}
 			}
-			s.events = hub
-			s.addrs.Events, s.addrs.Replay = hub.addrs()
 		}
 	}
 	if s.cfg.Engine == engines.SGLang && s.cfg.Role != RoleDecode {
@@ -183,8 +205,10 @@ func (s *Sim) startSidecars() error {
 }
 
 func (s *Sim) stopSidecars() {
-	if s.events != nil {
-		s.events.close()
+	for _, r := range s.ranks {
+		if r.events != nil {
+			r.events.close()
+		}
 	}
 	if s.boot != nil {
 		s.boot.close()
@@ -192,9 +216,25 @@ func (s *Sim) stopSidecars() {
 	s.bootClient.close()
 }
 
-// Addrs returns the bound addresses; it never changes after Start (a
-// publisher restart fault rebinds the same ports).
-func (s *Sim) Addrs() Addrs { return s.addrs }
+// Addrs returns the bound addresses; they never change after Start (a
+// publisher restart fault rebinds the same ports). The slices are copies.
+func (s *Sim) Addrs() Addrs {
+	a := s.addrs
+	if len(a.EventsByRank) > 0 {
+		a.EventsByRank = append([]string(nil), a.EventsByRank...)
+		a.ReplayByRank = append([]string(nil), a.ReplayByRank...)
+	}
+	return a
+}
+
+// cacheLen is the number of cached blocks over all ranks.
+func (s *Sim) cacheLen() int {
+	n := 0
+	for _, r := range s.ranks {
+		n += r.cache.len()
+	}
+	return n
+}
 
 // Close stops the HTTP server, the event publisher and the bootstrap server
 // and waits for every goroutine the Sim started. It is idempotent and

@@ -30,6 +30,7 @@ type SimOptions struct {
 	MaxConcurrency    int
 	Tokenizer         string
 	Seed              int64
+	DPRanks           int
 	BootstrapListen   string
 	RendezvousTimeout time.Duration
 	LoadingFor        time.Duration
@@ -91,6 +92,7 @@ Control endpoints on the HTTP address:
 	f.IntVar(&opts.MaxConcurrency, "max-concurrency", 0, "requests served at once; the rest queue (0 = unbounded)")
 	f.StringVar(&opts.Tokenizer, "tokenizer", "", "path to a Hugging Face tokenizer.json (\"\" = builtin tokenizer with ChatML)")
 	f.Int64Var(&opts.Seed, "seed", 0, "seed of the deterministic generated text")
+	f.IntVar(&opts.DPRanks, "dp-ranks", 1, "data-parallel ranks, each with its own prefix cache and KV event publisher (ports offset by rank)")
 	f.StringVar(&opts.BootstrapListen, "bootstrap-listen", "127.0.0.1:0", "SGLang prefill bootstrap server address")
 	f.DurationVar(&opts.RendezvousTimeout, "rendezvous-timeout", 20*time.Second, "how long a SGLang P/D leg waits for its peer")
 	f.DurationVar(&opts.LoadingFor, "loading-for", 0, `llama.cpp only: answer "Loading model" (503) for this long after start`)
@@ -108,7 +110,7 @@ func simConfig(opts *SimOptions) (sim.Config, error) {
 	}
 	for name, v := range map[string]int{
 		"--block-size": opts.BlockSize, "--cache-blocks": opts.CacheBlocks, "--prefill-us-per-token": opts.PrefillUSPerToken,
-		"--decode-us-per-token": opts.DecodeUSPerToken, "--max-concurrency": opts.MaxConcurrency,
+		"--decode-us-per-token": opts.DecodeUSPerToken, "--max-concurrency": opts.MaxConcurrency, "--dp-ranks": opts.DPRanks,
 	} {
 		if v < 0 {
 			return sim.Config{}, usageErrorf("%s %d: must not be negative", name, v)
@@ -130,6 +132,7 @@ func simConfig(opts *SimOptions) (sim.Config, error) {
 		MaxConcurrency:    opts.MaxConcurrency,
 		Tokenizer:         opts.Tokenizer,
 		Seed:              opts.Seed,
+		DPRanks:           opts.DPRanks,
 		BootstrapListen:   opts.BootstrapListen,
 		RendezvousTimeout: opts.RendezvousTimeout,
 		LoadingFor:        opts.LoadingFor,
