@@ -70,6 +70,35 @@ func llamaErrorType(status int) string {
 	}
 }
 
+// midStreamErrorMessage is the text of an injected mid-stream error.
+const midStreamErrorMessage = "sim: injected fault (error_after_chunks)"
+
+// midStreamError appends the persona's mid-stream error event to chunks:
+// vLLM, TensorRT-LLM and llama.cpp send {"error":{...}} in their error
+// shape, SGLang wraps its flat error object; OpenAI streams then end with
+// [DONE], llama.cpp native streams do not.
+func (s *Sim) midStreamError(job *genJob, chunks []sseChunk) []sseChunk {
+	const status = fasthttp.StatusInternalServerError
+	var body []byte
+	switch s.cfg.Engine {
+	case engines.SGLang:
+		body = append([]byte(`{"error":`), s.errorBody(status, midStreamErrorMessage, false)...)
+		body = append(body, '}')
+	case engines.TRTLLM:
+		w := jw{}
+		w.obj().key("error").obj().kstr("message", midStreamErrorMessage).kstr("type", pythonErrorType(status)).knull("param").kint("code", status).end().end()
+		body = w.b
+	default:
+		body = s.errorBody(status, midStreamErrorMessage, false)
+	}
+	ev := append(append([]byte("data: "), body...), "\n\n"...)
+	chunks = append(chunks, sseChunk{data: ev})
+	if job.api != apiLlama {
+		chunks = append(chunks, sseChunk{data: []byte("data: [DONE]\n\n")})
+	}
+	return chunks
+}
+
 // writeError sends an error response and records it on rec (when non-nil).
 func (s *Sim) writeError(ctx *fasthttp.RequestCtx, rec *Receipt, status int, msg string, validation bool) {
 	ctx.SetStatusCode(status)

@@ -341,3 +341,27 @@ func TestDPRanks(t *testing.T) {
 		t.Errorf("per-rank caches: rank 1 %s; rank 0 %s", res.body, res0.body)
 	}
 }
+
+// TestEventGapFault: with a transport that can skip sequence numbers, a
+// seq_gap fault shows as a jump in the live sequence; without one, the sim
+// refuses the fault (501) instead of pretending.
+func TestEventGapFault(t *testing.T) {
+	s := startSim(t, Config{Engine: engines.VLLM, BlockSize: 4})
+	ch := subscribe(t, s.Addrs().Events)
+	last := warmUp(t, s, ch)
+	c := client(t)
+	res := do(t, c, "POST", "http://"+s.Addrs().HTTP+"/_sim/faults", `{"seq_gap":5}`)
+	if !s.ranks[0].events.canSkip() {
+		if res.status != 501 || !bytes.Contains(res.body, []byte("SkipSeq")) {
+			t.Errorf("gap without transport support: got %d %s, want 501 naming SkipSeq", res.status, res.body)
+		}
+		return
+	}
+	if res.status != 200 {
+		t.Fatalf("seq_gap: %d %s", res.status, res.body)
+	}
+	do(t, c, "POST", "http://"+s.Addrs().HTTP+"/v1/completions", `{"prompt":[1,2,3,4,5],"max_tokens":1}`)
+	if m := recvMsg(t, ch); m.seq != last+6 {
+		t.Errorf("seq after a gap of 5: got %d, want %d", m.seq, last+6)
+	}
+}

@@ -24,6 +24,11 @@ type Faults struct {
 	// [DONE]); a non-streaming response closes the connection before any
 	// byte. 0 disables.
 	CrashAfterChunks int `json:"crash_after_chunks"`
+	// ErrorAfterChunks > 0 makes every streaming response end after that
+	// many SSE events with the engine's mid-stream error event and then
+	// data: [DONE] (llama.cpp native streams: the error event only), as an
+	// engine does when generation fails after the headers were sent.
+	ErrorAfterChunks int `json:"error_after_chunks"`
 	// DropEvents is how many upcoming KV event batches are lost: their
 	// sequence numbers are used but nothing is sent (nor buffered for replay).
 	DropEvents int `json:"drop_events"`
@@ -40,6 +45,7 @@ type faultPatch struct {
 	ErrorRate        *float64 `json:"error_rate"`
 	AddedLatencyMS   *int     `json:"added_latency_ms"`
 	CrashAfterChunks *int     `json:"crash_after_chunks"`
+	ErrorAfterChunks *int     `json:"error_after_chunks"`
 	DropEvents       *int     `json:"drop_events"`
 	SeqGap           *int     `json:"seq_gap"`
 	RestartPublisher bool     `json:"restart_publisher"`
@@ -75,6 +81,9 @@ func (fs *faultState) apply(p faultPatch) Faults {
 	}
 	if p.CrashAfterChunks != nil {
 		fs.f.CrashAfterChunks = max(*p.CrashAfterChunks, 0)
+	}
+	if p.ErrorAfterChunks != nil {
+		fs.f.ErrorAfterChunks = max(*p.ErrorAfterChunks, 0)
 	}
 	if p.DropEvents != nil {
 		fs.f.DropEvents = max(*p.DropEvents, 0)
@@ -115,6 +124,12 @@ func (fs *faultState) crashAfter() int {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	return fs.f.CrashAfterChunks
+}
+
+func (fs *faultState) errorAfter() int {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.f.ErrorAfterChunks
 }
 
 // takeEventFaults consumes one batch's worth of event faults: whether this

@@ -129,3 +129,28 @@ func TestFaultCrashMidStream(t *testing.T) {
 		t.Errorf("non-streaming crash: got %q, %v; want EOF before any byte", line, err)
 	}
 }
+
+func TestFaultErrorMidStream(t *testing.T) {
+	tests := []struct {
+		engine engines.Kind
+		want   string
+	}{
+		{engines.VLLM, `data: {"error":{"message":"sim: injected fault (error_after_chunks)","type":"InternalServerError","param":null,"code":500}}`},
+		{engines.SGLang, `data: {"error":{"object":"error","message":"sim: injected fault (error_after_chunks)","type":"InternalServerError","param":null,"code":500}}`},
+		{engines.LlamaCpp, `data: {"error":{"code":500,"message":"sim: injected fault (error_after_chunks)","type":"server_error"}}`},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.engine), func(t *testing.T) {
+			s := startSim(t, Config{Engine: tc.engine, KVEvents: KVEventsOff})
+			postFaults(t, s, `{"error_after_chunks":2}`)
+			res := do(t, client(t), "POST", "http://"+s.Addrs().HTTP+"/v1/chat/completions", chatBody+`,"stream":true}`)
+			events := strings.Split(strings.TrimSuffix(string(res.body), "\n\n"), "\n\n")
+			if res.status != 200 || res.err != nil || len(events) != 4 {
+				t.Fatalf("got %d %v with %d events: %q", res.status, res.err, len(events), res.body)
+			}
+			if events[2] != tc.want || events[3] != "data: [DONE]" {
+				t.Errorf("tail: got %q, %q; want %q then [DONE]", events[2], events[3], tc.want)
+			}
+		})
+	}
+}

@@ -265,6 +265,11 @@ func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 		return
 	}
 	chunks := s.renderChunks(job, out)
+	if n := s.faults.errorAfter(); n > 0 && n < len(chunks) {
+		chunks = s.midStreamError(job, chunks[:n:n])
+		job.rec.Error = midStreamErrorMessage
+		out.finish = "abort"
+	}
 	if crashAfter > 0 {
 		s.crashStream(ctx, job, out, chunks, crashAfter, release)
 		return
