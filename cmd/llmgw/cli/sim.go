@@ -60,7 +60,8 @@ interrupted (SIGINT or SIGTERM).
 Control endpoints on the HTTP address:
   GET  /_sim/receipts   one receipt per request (request id, nonce, tokens, cache hits, P/D fields)
   POST /_sim/faults     e.g. {"health_fail":true}, {"error_rate":0.1}, {"added_latency_ms":50},
-                        {"crash_after_chunks":3}, {"drop_events":2}, {"seq_gap":5},
+                        {"crash_after_chunks":3}, {"error_after_chunks":3},
+                        {"drop_events":2}, {"seq_gap":5},
                         {"restart_publisher":true}, {"reset":true}`,
 		Example: `  # a vLLM worker with KV events on a kernel-chosen port
   llmgw sim --engine vllm --listen 127.0.0.1:0
