@@ -11,7 +11,8 @@ func subcommands(io *IOStreams) []*cobra.Command {
 		newProfilesCmd(io),
 		newResultsCmd(io),
 		newBenchCmd(io),
-		newRunbookCmd(io, nil),
+		withRunbookPD(newRunbookCmd(io, nil), io),
+		newQualifyCmd(io, nil),
 		newCleanupCmd(io, nil),
 		newVersionCmd(io),
 	}

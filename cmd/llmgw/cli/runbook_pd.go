@@ -1,0 +1,199 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/llmgw/llmgw/results"
+	"github.com/llmgw/llmgw/runbook"
+	"github.com/llmgw/llmgw/runbook/launcher"
+	"github.com/llmgw/llmgw/runbook/pd"
+)
+
+// RunbookPDOptions are the inputs of `llmgw runbook pd`.
+type RunbookPDOptions struct {
+	IO               *IOStreams
+	Engine           string
+	Profile          string
+	KVExact          bool
+	Prefill          int
+	Decode           int
+	Launcher         string
+	PrefillEndpoints string
+	DecodeEndpoints  string
+	BootstrapPort    int
+	Gateway          string
+	GatewayTokenFile string
+	Out              string
+	HealthTimeout    time.Duration
+	LogLevel         string
+}
+
+// withRunbookPD adds the pd subcommand to the runbook command.
+func withRunbookPD(cmd *cobra.Command, io *IOStreams) *cobra.Command {
+	cmd.AddCommand(newRunbookPDCmd(io, nil))
+	return cmd
+}
+
+func newRunbookPDCmd(io *IOStreams, runF func(*cobra.Command, *RunbookPDOptions) error) *cobra.Command {
+	opts := &RunbookPDOptions{IO: io}
+	cmd := &cobra.Command{
+		Use:   "pd",
+		Short: "Qualify prefill/decode disaggregation: launch, direct proof, apply, read back, deliver, hand-off evidence, hash parity, route, clean up",
+		Long: `Run the P/D runbook: prefill and decode workers behind one rule with
+pd_disagg_mode (and kvExactMode 1 with --kv-exact). Each step ends PASS, FAIL,
+BLOCKED or SKIPPED with a reason and evidence files under <out>/runs/<run-id>/:
+
+  1 select tuple                 engine x profile from the catalog; known-BLOCKED stops here
+  2 launch workers               prefill p1..pN, decode d1..dM (SGLang prefills with their
+                                 bootstrap servers, each endpoint's own bootstrapPort)
+  3 prove direct inference       each worker answers a nonce request, receipt kept
+  4 apply rule                   pd_disagg_mode, ep_role 1/2, optional kvExactMode 1
+  5 read back                    effective rule equals the applied one; readiness holds
+  6 deliver through the gateway  JSON and SSE answered by a decode; one prefill and one
+                                 decode receipt per request; negatives leave no receipt
+  7 hand-off evidence            both legs carried one request id; vLLM prefill leg
+                                 max_tokens 1 and kv_transfer_params carried; SGLang same
+                                 bootstrap triple (room) on both legs; TRT-LLM context_only
+                                 then generation_only with the context state
+  8 hash parity                  --kv-exact: the gateway's canary hashes are published by a
+                                 prefill, a one-token red arm misses
+  9 routing evidence             --kv-exact: follow-ups pick the warmed prefill, cached
+                                 tokens rise; else the routed prefill matches the receipts
+ 10 cleanup                      always, also on FAIL and Ctrl-C
+
+Launchers: sim (default), attach (--prefill-endpoints and --decode-endpoints);
+docker cannot start P/D roles yet and is recorded BLOCKED (launcher_no_pd_roles).
+
+Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
+(cleanup done first), 2 bad flags (nothing started).`,
+		Example: `  # simulated vLLM prefill/decode, KV-exact prefill scoring
+  llmgw runbook pd --engine vllm --kv-exact
+
+  # SGLang persona: bootstrap rooms
+  llmgw runbook pd --engine sglang`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if runF != nil {
+				return runF(cmd, opts)
+			}
+			return runbookPDRun(cmd, opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Engine, "engine", pd.DefaultEngine, "engine: vllm, sglang or trtllm")
+	f.StringVar(&opts.Profile, "profile", pd.DefaultProfile, "catalog profile ID (see 'llmgw profiles list')")
+	f.BoolVar(&opts.KVExact, "kv-exact", false, "kvExactMode 1: KV-exact scoring of the prefill endpoints, with the hash-parity gate")
+	f.IntVar(&opts.Prefill, "prefill", pd.DefaultPrefill, "prefill workers (attach: the number of --prefill-endpoints)")
+	f.IntVar(&opts.Decode, "decode", pd.DefaultDecode, "decode workers (attach: the number of --decode-endpoints)")
+	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
+	f.StringVar(&opts.PrefillEndpoints, "prefill-endpoints", "", "attach: running prefill workers as host:port,...")
+	f.StringVar(&opts.DecodeEndpoints, "decode-endpoints", "", "attach: running decode workers as host:port,...")
+	f.IntVar(&opts.BootstrapPort, "bootstrap-port", 0, "attach, sglang: the prefills' bootstrap port when they do not report it (default 8998)")
+	f.StringVar(&opts.Gateway, "gateway", "", "admin API URL of a running gateway (default: an embedded gateway on loopback)")
+	f.StringVar(&opts.GatewayTokenFile, "gateway-token-file", "", "file holding the external gateway's admin bearer token")
+	f.StringVar(&opts.Out, "out", "./results", "results directory")
+	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s)")
+	f.StringVar(&opts.LogLevel, "log-level", "warn", "embedded gateway log level (logs go to standard error)")
+	return cmd
+}
+
+// pdOptions validates the flags; every error is a usage error.
+func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
+	level, err := parseLogLevel(o.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	po := &pd.Options{
+		Engine: o.Engine, Profile: o.Profile, KVExact: o.KVExact, Prefill: o.Prefill, Decode: o.Decode, GatewayAdmin: o.Gateway,
+		HealthTimeout: o.HealthTimeout, Logger: slog.New(slog.NewTextHandler(o.IO.ErrOut, &slog.HandlerOptions{Level: level})),
+	}
+	if (o.PrefillEndpoints != "" || o.DecodeEndpoints != "" || o.BootstrapPort != 0) && o.Launcher != results.LauncherAttach {
+		return nil, usageErrorf("--prefill-endpoints, --decode-endpoints and --bootstrap-port need --launcher attach (got --launcher %s)", o.Launcher)
+	}
+	switch o.Launcher {
+	case results.LauncherSim:
+		po.Launcher = &pd.Sim{}
+	case results.LauncherDocker:
+		po.Launcher = &pd.Unsupported{Kind: results.LauncherDocker, Code: "launcher_no_pd_roles",
+			Detail: "the docker launcher starts converged workers only; P/D roles are not wired into it yet"}
+	case results.LauncherAttach:
+		if o.PrefillEndpoints == "" || o.DecodeEndpoints == "" {
+			return nil, usageErrorf("--launcher attach needs --prefill-endpoints and --decode-endpoints host:port,...")
+		}
+		pe, err := launcher.ParseEndpoints(o.PrefillEndpoints)
+		if err != nil {
+			return nil, usageErrorf("--prefill-endpoints: %v", err)
+		}
+		de, err := launcher.ParseEndpoints(o.DecodeEndpoints)
+		if err != nil {
+			return nil, usageErrorf("--decode-endpoints: %v", err)
+		}
+		if o.BootstrapPort < 0 || o.BootstrapPort > 65535 {
+			return nil, usageErrorf("--bootstrap-port %d: want 1..65535", o.BootstrapPort)
+		}
+		po.Prefill, po.Decode = len(pe), len(de)
+		po.Launcher = &pd.Attach{Prefill: pe, Decode: de, BootstrapPort: o.BootstrapPort}
+	default:
+		return nil, usageErrorf("--launcher %q: valid launchers are %s", o.Launcher, strings.Join(launcherNames, ", "))
+	}
+	if o.GatewayTokenFile != "" {
+		if o.Gateway == "" {
+			return nil, usageErrorf("--gateway-token-file needs --gateway")
+		}
+		b, err := os.ReadFile(o.GatewayTokenFile)
+		if err != nil {
+			return nil, usageErrorf("--gateway-token-file: %v", err)
+		}
+		po.GatewayToken = strings.TrimSpace(string(b))
+	}
+	if o.Gateway != "" {
+		if _, err := runbook.NewAdmin(o.Gateway, "", nil); err != nil {
+			return nil, usageErrorf("--gateway: %v", err)
+		}
+	}
+	if err := po.Validate(); err != nil {
+		if errors.Is(err, pd.ErrInvalid) {
+			return nil, &UsageError{Err: err}
+		}
+		return nil, err
+	}
+	return po, nil
+}
+
+func runbookPDRun(cmd *cobra.Command, o *RunbookPDOptions) error {
+	po, err := pdOptions(o)
+	if err != nil {
+		return err
+	}
+	store, err := results.Open(o.Out)
+	if err != nil {
+		return err
+	}
+	rep, err := pd.Execute(cmd.Context(), po, store, o.Out, runbook.NewProgress(o.IO.ErrOut, o.IO.OutTTY))
+	if err != nil && rep.Summary.ID == "" {
+		return err
+	}
+	if run, gerr := store.Get(rep.Summary.ID); gerr == nil {
+		fmt.Fprintln(o.IO.Out)
+		err = errors.Join(err, results.WriteRunDetail(o.IO.Out, run, o.IO.OutTTY))
+	}
+	fmt.Fprintln(o.IO.Out)
+	rows := []results.RunSummary{rep.Summary}
+	if o.IO.OutTTY {
+		err = errors.Join(err, results.WriteTable(o.IO.Out, rows))
+	} else {
+		err = errors.Join(err, results.WriteTSV(o.IO.Out, rows))
+	}
+	fmt.Fprintf(o.IO.ErrOut, "results: %s (llmgw results show %s --out %s)\n", store.RunDir(rep.Summary.ID), rep.Summary.ID, o.Out)
+	if err != nil {
+		return err
+	}
+	return runbookExit(rep)
+}
