@@ -16,6 +16,7 @@ import (
 
 	"github.com/ory/dockertest/v3"
 	dc "github.com/ory/dockertest/v3/docker"
+	"go.uber.org/goleak"
 
 	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/results"
@@ -313,4 +314,19 @@ func TestCleanupTwiceRemovesOnlyWhatTheRunOwns(t *testing.T) {
 		t.Errorf("the unlabelled container was touched: %v", err)
 	}
 	_ = io.Discard
+}
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// net/http keep-alive connections of the docker client close on
+		// their own idle timeout; everything the launchers start is checked.
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+	)
 }
