@@ -29,6 +29,12 @@ var (
 	ErrMethodNotAllowed = errors.New("gateway: method not allowed")
 	// ErrBodyTooLarge: the request body is over the configured limit (413).
 	ErrBodyTooLarge = errors.New("gateway: request body too large")
+	// ErrHeaderTooLarge: the request header block is over the read buffer
+	// (431).
+	ErrHeaderTooLarge = errors.New("gateway: request header too large")
+	// ErrRequestTimeout: the client did not send a whole request within the
+	// read timeout (408).
+	ErrRequestTimeout = errors.New("gateway: request read timed out")
 	// ErrNoEndpoint: the rule has no available endpoint (503).
 	ErrNoEndpoint = policy.ErrNoEndpoint
 	// ErrUpstreamUnreachable: the chosen worker (and the retry's) could not be
@@ -89,6 +95,10 @@ func statusFor(err error) (status int, typ, code string) {
 		return fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed"
 	case errors.Is(err, ErrBodyTooLarge), errors.Is(err, fasthttp.ErrBodyTooLarge):
 		return fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large"
+	case errors.Is(err, ErrHeaderTooLarge):
+		return fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large"
+	case errors.Is(err, ErrRequestTimeout):
+		return fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout"
 	case errors.Is(err, ErrNoEndpoint):
 		return fasthttp.StatusServiceUnavailable, "server_error", "no_available_endpoint"
 	case errors.Is(err, ErrUpstreamTimeout), errors.Is(err, fasthttp.ErrTimeout),

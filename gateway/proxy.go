@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 
@@ -47,6 +48,10 @@ var statePool = sync.Pool{New: func() any { return new(reqState) }}
 
 var relayBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
+// dataReadBufferSize is the data plane's per-connection read buffer, which
+// is also the largest request header block it accepts (431 beyond).
+const dataReadBufferSize = 16 << 10
+
 func (s *Server) newDataServer(key string) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:            func(ctx *fasthttp.RequestCtx) { s.serveData(ctx, key) },
@@ -56,19 +61,34 @@ func (s *Server) newDataServer(key string) *fasthttp.Server {
 		// a client that trickles bytes (slowloris) is cut off.
 		ReadTimeout:           30 * time.Second,
 		IdleTimeout:           120 * time.Second,
-		ReadBufferSize:        16 << 10, // also the request header size limit
+		ReadBufferSize:        dataReadBufferSize, // also the request header size limit
 		CloseOnShutdown:       true,
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
 		Logger:                discardLogger{},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			var small *fasthttp.ErrSmallBuffer
+			var ne net.Error
+			switch {
+			case errors.Is(err, fasthttp.ErrBodyTooLarge):
 				writeError(ctx, fmt.Errorf("%w: the limit is %d bytes", ErrBodyTooLarge, s.cfg.MaxBodyBytes))
 				s.metrics.rejected.WithLabelValues("body_too_large").Inc()
-				return
+			case errors.As(err, &small):
+				writeError(ctx, fmt.Errorf("%w: the limit is %d bytes", ErrHeaderTooLarge, dataReadBufferSize))
+				s.metrics.rejected.WithLabelValues("header_too_large").Inc()
+			case errors.As(err, &ne) && ne.Timeout():
+				// ReadTimeout passed: a client that trickles its request
+				// (slowloris), or a connection that never sent a byte (an
+				// HTTP client's spare pooled connection). 408 is what
+				// clients expect on such a connection: Go's transport, for
+				// one, closes it quietly and retries instead of taking the
+				// answer as the response to its next request.
+				writeError(ctx, fmt.Errorf("%w: %v", ErrRequestTimeout, err))
+				s.metrics.rejected.WithLabelValues("read_timeout").Inc()
+			default:
+				writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))
+				s.metrics.rejected.WithLabelValues("malformed_http").Inc()
 			}
-			writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))
-			s.metrics.rejected.WithLabelValues("malformed_http").Inc()
 		},
 	}
 }
