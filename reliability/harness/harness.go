@@ -237,6 +237,11 @@ func StartGateway(ctx context.Context, bin, stateDir, logPath string, args ...st
 	if err != nil {
 		return nil, err
 	}
+	return waitServing(p)
+}
+
+// waitServing waits up to 30 s for the gateway's serving line.
+func waitServing(p *Proc) (*Gateway, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if m := servingLine.FindStringSubmatch(p.Log()); m != nil {
@@ -319,4 +324,15 @@ func do(ctx context.Context, method, url, token string, body []byte) ([]byte, er
 		return nil, &StatusError{Status: resp.StatusCode, Body: string(b)}
 	}
 	return b, nil
+}
+
+// StartGatewayArgs runs bin with exactly args (e.g. "serve" and its flags)
+// and waits (up to 30 s) for the serving line; for tests of the flags'
+// defaults.
+func StartGatewayArgs(ctx context.Context, bin, logPath string, args ...string) (*Gateway, error) {
+	p, err := start(ctx, logPath, io.Discard, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	return waitServing(p)
 }
