@@ -305,3 +305,45 @@ func FuzzParseSSE(f *testing.F) {
 		}
 	})
 }
+
+// Attached simulators: the bootstrap and event addresses come from each
+// worker's /_sim/addrs, nothing is stopped by the runbook.
+func TestPDAttachToRunningSims(t *testing.T) {
+	var prefill, decode []string
+	for _, role := range []string{RolePrefill, RolePrefill, RoleDecode} {
+		s, err := sim.Start(t.Context(), sim.Config{Engine: "sglang", Model: "Qwen/Qwen3-0.6B", Role: role, HashSeed: "0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if role == RolePrefill {
+			prefill = append(prefill, s.Addrs().HTTP)
+		} else {
+			decode = append(decode, s.Addrs().HTTP)
+		}
+	}
+	o := &Options{Engine: "sglang", KVExact: true, Prefill: 2, Decode: 1, Launcher: &Attach{Prefill: prefill, Decode: decode, Simulator: true},
+		HealthTimeout: 10 * time.Second, ReadyTimeout: 10 * time.Second}
+	rep, _ := run(t, t.Context(), o)
+	if rep.Summary.Verdict != results.StatusPass || rep.Summary.Tuple.Launcher != results.LauncherAttach {
+		t.Fatalf("verdict %s launcher %s; want PASS attach\n%s", rep.Summary.Verdict, rep.Summary.Tuple.Launcher, stepLines(rep))
+	}
+	// The attached workers still run after the cleanup.
+	for _, a := range append(prefill, decode...) {
+		if _, ok := simAddrs(t.Context(), a); !ok {
+			t.Errorf("attached worker %s stopped answering after the run", a)
+		}
+	}
+}
+
+func FuzzParseCompletion(f *testing.F) {
+	f.Add(`{"choices":[{"text":"hi"}],"usage":{"prompt_tokens_details":{"cached_tokens":16}}}`)
+	f.Add(`{"choices":[]}`)
+	f.Add(`{"choices":[{"message":{"content":"x"}}]}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		_, cached, err := ParseCompletion(body)
+		if err != nil && cached != -1 {
+			t.Fatalf("error %v with cached %d; want -1", err, cached)
+		}
+	})
+}
