@@ -17,11 +17,12 @@ import (
 type batchPublisher interface {
 	// Publish sends payload with the next sequence number and returns it.
 	Publish(payload []byte) (uint64, error)
-	// SkipSeq consumes n sequence numbers without sending anything
-	// (dropped-events and sequence-gap faults); it fails when the transport
-	// cannot do that, and CanSkip reports whether it can.
-	SkipSeq(n uint64) error
-	CanSkip() bool
+	// SkipSeq consumes n sequence numbers without sending or keeping
+	// anything (a gap replay cannot fill: the sequence-gap fault).
+	SkipSeq(n uint64)
+	// PublishDropped numbers and keeps payload for replay without sending
+	// it (a batch lost at the PUB socket: the dropped-events fault).
+	PublishDropped(payload []byte) (uint64, error)
 	// Addr and ReplayAddr are the bound endpoints ("" when not bound here).
 	Addr() string
 	ReplayAddr() string
@@ -106,13 +107,6 @@ func (h *eventHub) replayWithTopic() bool {
 	return h.cfg.Engine == engines.VLLM && h.enc == kvevents.Map
 }
 
-// canSkip reports whether dropped-event and gap faults can be honoured.
-func (h *eventHub) canSkip() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.pub.CanSkip()
-}
-
 // replayable reports whether a replay socket can be placed next to
 // endpoint: only for TCP endpoints (ipc/inproc get none).
 func replayable(endpoint string) bool { return strings.HasPrefix(endpoint, "tcp://") }
@@ -180,18 +174,16 @@ func (h *eventHub) publish(evs []simEvent) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	drop, gap := h.faults.takeEventFaults()
-	// Faults were refused at POST time when the transport cannot skip, so
-	// SkipSeq errors cannot occur here.
 	if gap > 0 {
-		_ = h.pub.SkipSeq(uint64(gap))
-	}
-	if drop {
-		_ = h.pub.SkipSeq(1)
-		return
+		h.pub.SkipSeq(uint64(gap))
 	}
 	var err error
 	h.buf, err = kvevents.AppendBatch(h.buf[:0], &batch, h.enc)
 	if err != nil {
+		return
+	}
+	if drop {
+		_, _ = h.pub.PublishDropped(h.buf)
 		return
 	}
 	// Publish copies or sends synchronously; a send failure loses the batch

@@ -342,26 +342,40 @@ func TestDPRanks(t *testing.T) {
 	}
 }
 
-// TestEventGapFault: with a transport that can skip sequence numbers, a
-// seq_gap fault shows as a jump in the live sequence; without one, the sim
-// refuses the fault (501) instead of pretending.
-func TestEventGapFault(t *testing.T) {
-	s := startSim(t, Config{Engine: engines.VLLM, BlockSize: 4})
-	ch := subscribe(t, s.Addrs().Events)
-	last := warmUp(t, s, ch)
-	c := client(t)
-	res := do(t, c, "POST", "http://"+s.Addrs().HTTP+"/_sim/faults", `{"seq_gap":5}`)
-	if !s.ranks[0].events.canSkip() {
-		if res.status != 501 || !bytes.Contains(res.body, []byte("SkipSeq")) {
-			t.Errorf("gap without transport support: got %d %s, want 501 naming SkipSeq", res.status, res.body)
-		}
-		return
+// TestEventFaults: a seq_gap fault is a jump in the live sequence that
+// replay cannot fill; a dropped batch is a jump that replay fills.
+func TestEventFaults(t *testing.T) {
+	tests := []struct {
+		name         string
+		fault        string
+		wantJump uint64
+		// wantReplayed are the replayed seqs (relative to the last seen)
+		// from just after the last seen batch.
+		wantReplayed []uint64
+	}{
+		{"seq gap", `{"seq_gap":5}`, 6, []uint64{6, 7}},
+		{"dropped batch", `{"drop_events":1}`, 2, []uint64{1, 2}},
 	}
-	if res.status != 200 {
-		t.Fatalf("seq_gap: %d %s", res.status, res.body)
-	}
-	do(t, c, "POST", "http://"+s.Addrs().HTTP+"/v1/completions", `{"prompt":[1,2,3,4,5],"max_tokens":1}`)
-	if m := recvMsg(t, ch); m.seq != last+6 {
-		t.Errorf("seq after a gap of 5: got %d, want %d", m.seq, last+6)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startSim(t, Config{Engine: engines.VLLM, BlockSize: 4})
+			ch := subscribe(t, s.Addrs().Events)
+			last := warmUp(t, s, ch)
+			c := client(t)
+			postFaults(t, s, tc.fault)
+			do(t, c, "POST", "http://"+s.Addrs().HTTP+"/v1/completions", `{"prompt":[1,2,3,4,5],"max_tokens":1}`)
+			do(t, c, "POST", "http://"+s.Addrs().HTTP+"/v1/completions", `{"prompt":[6,2,3,4,5],"max_tokens":1}`)
+			m := recvMsg(t, ch)
+			if m.seq != last+tc.wantJump {
+				t.Errorf("first live seq after the fault: got %d, want %d", m.seq, last+tc.wantJump)
+			}
+			var want []uint64
+			for _, d := range tc.wantReplayed {
+				want = append(want, last+d)
+			}
+			if got := seqs(replay(t, s.Addrs().Replay, last+1)); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("replay from %d: got seqs %v, want %v", last+1, got, want)
+			}
+		})
 	}
 }

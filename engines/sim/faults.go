@@ -29,10 +29,14 @@ type Faults struct {
 	// data: [DONE] (llama.cpp native streams: the error event only), as an
 	// engine does when generation fails after the headers were sent.
 	ErrorAfterChunks int `json:"error_after_chunks"`
-	// DropEvents is how many upcoming KV event batches are lost: their
-	// sequence numbers are used but nothing is sent (nor buffered for replay).
+	// DropEvents is how many upcoming KV event batches are lost on the way
+	// out: their sequence numbers are used and they stay in the replay
+	// buffer (vLLM/SGLang: as a PUB socket dropping at its high-water mark,
+	// so replay fills the gap), but subscribers never see them live.
+	// TensorRT-LLM: the event ids are used and the events are not queued.
 	DropEvents int `json:"drop_events"`
-	// SeqGap is how many sequence numbers the next published batch skips.
+	// SeqGap is how many sequence numbers (TensorRT-LLM: event ids) the next
+	// batch skips; nothing can fill that gap, not even replay.
 	SeqGap int `json:"seq_gap"`
 }
 

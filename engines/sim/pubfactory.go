@@ -2,20 +2,11 @@ package sim
 
 import (
 	"context"
-	"errors"
 	"net"
 	"strings"
 
 	"github.com/llmgw/llmgw/engines/kvevents"
 )
-
-// errNoSeqSkip is returned for sequence-gap and dropped-event faults while
-// kvevents.Publisher cannot consume sequence numbers without sending.
-var errNoSeqSkip = errors.New("sim: the kvevents publisher cannot skip sequence numbers (needs a SkipSeq method)")
-
-// seqSkipper is implemented by publishers that can consume sequence numbers
-// without sending (what dropped-event and gap faults need).
-type seqSkipper interface{ SkipSeq(n uint64) }
 
 // kvPublisher adapts kvevents.Publisher to batchPublisher.
 type kvPublisher struct {
@@ -25,17 +16,10 @@ type kvPublisher struct {
 
 func (k *kvPublisher) Publish(payload []byte) (uint64, error) { return k.p.Publish(payload) }
 
-func (k *kvPublisher) SkipSeq(n uint64) error {
-	if sk, ok := any(k.p).(seqSkipper); ok {
-		sk.SkipSeq(n)
-		return nil
-	}
-	return errNoSeqSkip
-}
+func (k *kvPublisher) SkipSeq(n uint64) { k.p.SkipSeq(n) }
 
-func (k *kvPublisher) CanSkip() bool {
-	_, ok := any(k.p).(seqSkipper)
-	return ok
+func (k *kvPublisher) PublishDropped(payload []byte) (uint64, error) {
+	return k.p.PublishDropped(payload)
 }
 
 func (k *kvPublisher) Addr() string {

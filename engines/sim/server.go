@@ -67,11 +67,6 @@ func (s *Sim) handleSim(ctx *fasthttp.RequestCtx, path string) {
 			ctx.SetBody(mustJSON(map[string]string{"error": "sim: faults: " + err.Error()}))
 			return
 		}
-		if (p.SeqGap != nil && *p.SeqGap > 0 || p.DropEvents != nil && *p.DropEvents > 0) && s.ranks[0].events != nil && !s.ranks[0].events.canSkip() {
-			ctx.SetStatusCode(fasthttp.StatusNotImplemented)
-			ctx.SetBody(mustJSON(map[string]string{"error": errNoSeqSkip.Error()}))
-			return
-		}
 		f := s.faults.apply(p)
 		if p.RestartPublisher {
 			if err := s.restartPublisher(); err != nil {
