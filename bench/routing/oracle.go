@@ -11,12 +11,18 @@ import (
 
 // Oracle is the reference router: it keeps an exact model of every
 // simulator's prefix cache (same capacity, same LRU lookup and insert rules
-// as engines/sim) and sends each request to the endpoint holding its
-// longest cached prefix, breaking ties by fewest requests in flight, then by
-// lowest index. Its knowledge is perfect and has no delay: the model is
-// updated when a request is dispatched, before the engine has even started
-// it. Its hit ratio is therefore an upper bound for any router that learns
-// cache contents from the engines.
+// as engines/sim) and knows every endpoint's requests in flight. Among the
+// endpoints with a free serving slot (fewer in flight than the engines'
+// slots, where the simulator's latency model adds no delay) it picks the
+// longest cached prefix, breaking ties by fewest in flight, then lowest
+// index; when every endpoint is full it picks the fewest in flight, then
+// the longest cached prefix. Its knowledge is perfect and has no delay: the
+// model is updated when a request is dispatched, before the engine has even
+// started it.
+//
+// Pure longest-prefix routing would be a hit-ratio bound but no reference:
+// when a workload shares even one block (a common chat-template opening),
+// it sends everything to one worker and queues there.
 //
 // Oracle is safe for concurrent use.
 type Oracle struct {
@@ -25,6 +31,8 @@ type Oracle struct {
 	tok       tokenizer.Tokenizer
 	render    tokenizer.Renderer
 
+	slots int64 // serving slots per engine; 0 = unbounded
+
 	mu       sync.Mutex
 	caches   []*lruModel
 	inFlight []int64
@@ -32,17 +40,17 @@ type Oracle struct {
 
 // NewOracle models endpoints simulators configured as vLLM with the builtin
 // tokenizer and ChatML template, blockSize tokens per block, the
-// sha256_cbor hash with seed "0" (the simulator defaults) and cacheBlocks
-// blocks of prefix cache each.
-func NewOracle(endpoints, blockSize, cacheBlocks int) (*Oracle, error) {
-	if endpoints < 1 || blockSize < 1 || cacheBlocks < 1 {
-		return nil, fmt.Errorf("%w: oracle needs endpoints, block size and cache blocks ≥ 1, got %d, %d, %d", ErrParams, endpoints, blockSize, cacheBlocks)
+// sha256_cbor hash with seed "0" (the simulator defaults), cacheBlocks
+// blocks of prefix cache and slots serving slots each (0 = unbounded).
+func NewOracle(endpoints, blockSize, cacheBlocks, slots int) (*Oracle, error) {
+	if endpoints < 1 || blockSize < 1 || cacheBlocks < 1 || slots < 0 {
+		return nil, fmt.Errorf("%w: oracle needs endpoints, block size and cache blocks ≥ 1 and slots ≥ 0, got %d, %d, %d, %d", ErrParams, endpoints, blockSize, cacheBlocks, slots)
 	}
 	h, err := kvhash.New(kvhash.SHA256CBOR, blockSize, "0")
 	if err != nil {
 		return nil, fmt.Errorf("routing: oracle hasher: %w", err)
 	}
-	o := &Oracle{blockSize: blockSize, hasher: h, tok: tokenizer.Builtin{}, render: tokenizer.ChatML{}, inFlight: make([]int64, endpoints)}
+	o := &Oracle{blockSize: blockSize, hasher: h, tok: tokenizer.Builtin{}, render: tokenizer.ChatML{}, inFlight: make([]int64, endpoints), slots: int64(slots)}
 	for range endpoints {
 		o.caches = append(o.caches, newLRUModel(cacheBlocks))
 	}
@@ -77,11 +85,24 @@ func (o *Oracle) Pick(msgs []tokenizer.Message) (Decision, error) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	best, bestHit := -1, -1
+	best, bestHit, bestFree := -1, -1, false
 	for i, c := range o.caches {
 		h := c.peek(keys[:maxHit])
-		if h > bestHit || h == bestHit && o.inFlight[i] < o.inFlight[best] {
-			best, bestHit = i, h
+		q := o.inFlight[i]
+		free := o.slots == 0 || q < o.slots
+		var better bool
+		switch {
+		case best < 0:
+			better = true
+		case free != bestFree:
+			better = free
+		case free:
+			better = h > bestHit || h == bestHit && q < o.inFlight[best]
+		default:
+			better = q < o.inFlight[best] || q == o.inFlight[best] && h > bestHit
+		}
+		if better {
+			best, bestHit, bestFree = i, h, free
 		}
 	}
 	c := o.caches[best]

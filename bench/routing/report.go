@@ -49,8 +49,8 @@ func WriteMarkdown(w io.Writer, reports []*Report) error {
 			fmt.Fprintf(&b, "| %s | %.3f | %s | %s | %.0f | %.2f | %d |\n", res.Policy, res.HitRatio,
 				fmtMS(res.TTFT.P50), fmtMS(res.TTFT.P99), res.Throughput, res.Imbalance, res.Errors)
 		}
-		if kv, or := r.Result(KVExact), r.Result(OraclePolicy); kv != nil && or != nil && or.HitRatio > 0 {
-			fmt.Fprintf(&b, "\nkv-exact / oracle hit ratio: %.3f", kv.HitRatio/or.HitRatio)
+		if kv, or := r.Result(KVExact), r.BestOracle(); kv != nil && or != nil && or.HitRatio > 0 {
+			fmt.Fprintf(&b, "\nkv-exact / %s hit ratio: %.3f", or.Policy, kv.HitRatio/or.HitRatio)
 			if rr := r.Result(RoundRobin); rr != nil && rr.TTFT.P50 > 0 {
 				fmt.Fprintf(&b, "; kv-exact / rr TTFT p50: %.3f", float64(kv.TTFT.P50)/float64(rr.TTFT.P50))
 			}
@@ -74,6 +74,7 @@ var policyColors = map[Policy]color.Color{
 	CHWBL:         color.RGBA{R: 0xdd, G: 0x84, B: 0x52, A: 0xff},
 	KVExact:       color.RGBA{R: 0x55, G: 0xa8, B: 0x68, A: 0xff},
 	OraclePolicy:  color.RGBA{R: 0x81, G: 0x72, B: 0xb2, A: 0xff},
+	OraclePrefix:  color.RGBA{R: 0xc4, G: 0xad, B: 0xe0, A: 0xff},
 }
 
 // WritePNG draws two grouped bar charts, one group per workload and one bar

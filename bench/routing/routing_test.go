@@ -19,6 +19,7 @@ import (
 	"github.com/llmgw/llmgw/bench/loadgen"
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -67,7 +68,7 @@ func TestOracleModelMatchesSimReceipts(t *testing.T) {
 				t.Cleanup(func() { s.Close() })
 				sims = append(sims, s)
 			}
-			o, err := NewOracle(n, blockSize, tc.cacheBlocks)
+			o, err := NewOracle(n, blockSize, tc.cacheBlocks, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -361,4 +362,42 @@ func FuzzRouteHeaders(f *testing.F) {
 			t.Fatalf("endpointIndex(%q) = %d", endpoint, i)
 		}
 	})
+}
+
+func TestOraclePickRule(t *testing.T) {
+	sys := func(s string) []tokenizer.Message {
+		return []tokenizer.Message{{Role: "system", Content: strings.Repeat(s+" prompt text ", 20)}, {Role: "user", Content: "question"}}
+	}
+	cases := []struct {
+		name  string
+		slots int
+		// steps: the prompt of each Pick, in order, none of them Done.
+		steps []string
+		want  []int
+	}{
+		{"unbounded slots follow the cache", 0, []string{"a", "a", "a"}, []int{0, 0, 0}},
+		{"a new prompt goes to the least loaded", 0, []string{"a", "b"}, []int{0, 1}},
+		{"a full holder is passed over", 2, []string{"a", "a", "a"}, []int{0, 0, 1}},
+		{"all full: fewest in flight", 1, []string{"a", "b", "a"}, []int{0, 1, 0}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := NewOracle(2, blockSize, 1024, tc.slots)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, p := range tc.steps {
+				d, err := o.Pick(sys(p))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Endpoint != tc.want[i] {
+					t.Fatalf("pick %d (%s) = endpoint %d; want %d (in flight %v)", i, p, d.Endpoint, tc.want[i], o.InFlight())
+				}
+			}
+		})
+	}
+	if _, err := NewOracle(0, blockSize, 1, 0); !errors.Is(err, ErrParams) {
+		t.Errorf("NewOracle(0 endpoints) = %v; want ErrParams", err)
+	}
 }

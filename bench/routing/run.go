@@ -26,18 +26,24 @@ import (
 // Policy names a router under test.
 type Policy string
 
-// The routers compared. All but Oracle run inside an embedded llmgw.
+// The routers compared. All but the oracles run inside an embedded llmgw;
+// the oracles send straight to the chosen simulator.
 const (
 	RoundRobin    Policy = "rr"             // sel 0
 	LeastInFlight Policy = "least-inflight" // sel 4
 	CHWBL         Policy = "chwbl"          // sel 8
 	KVExact       Policy = "kv-exact"       // kvExactMode 3 (CHWBL fallback)
-	OraclePolicy  Policy = "oracle"         // exact cache model, no gateway
+	OraclePolicy  Policy = "oracle"         // exact cache and load model, no gateway
+	// OraclePrefix is the oracle without its load rule: always the longest
+	// cached prefix (ties to fewest in flight). It maximises hits on
+	// workloads without a common opening block and collapses onto one
+	// worker on those with one.
+	OraclePrefix Policy = "oracle-prefix"
 )
 
 // Policies lists every policy in report order.
 func Policies() []Policy {
-	return []Policy{RoundRobin, LeastInFlight, CHWBL, KVExact, OraclePolicy}
+	return []Policy{RoundRobin, LeastInFlight, CHWBL, KVExact, OraclePolicy, OraclePrefix}
 }
 
 // ParsePolicies parses a comma-separated policy list ("" or "all" = every
@@ -55,7 +61,7 @@ func ParsePolicies(s string) ([]Policy, error) {
 			ok = ok || v == p
 		}
 		if !ok {
-			return nil, fmt.Errorf("%w: unknown policy %q; valid policies are rr, least-inflight, chwbl, kv-exact, oracle", ErrParams, p)
+			return nil, fmt.Errorf("%w: unknown policy %q; valid policies are rr, least-inflight, chwbl, kv-exact, oracle, oracle-prefix", ErrParams, p)
 		}
 		if !seen[p] {
 			seen[p] = true
@@ -196,6 +202,19 @@ func (r *Report) Result(p Policy) *Result {
 	return nil
 }
 
+// BestOracle returns the oracle result with the higher hit ratio, or nil
+// when no oracle ran: the bound a real router is held to.
+func (r *Report) BestOracle() *Result {
+	a, b := r.Result(OraclePolicy), r.Result(OraclePrefix)
+	switch {
+	case a == nil:
+		return b
+	case b == nil || a.HitRatio >= b.HitRatio:
+		return a
+	}
+	return b
+}
+
 // Run validates cfg, generates the workload and replays it once per policy.
 // Each policy gets fresh simulators (cold caches) and, except the oracle, a
 // fresh embedded gateway. When ctx ends mid-run, Run returns the partial
@@ -322,8 +341,12 @@ func splitHostPort(hp string) (string, int, error) {
 }
 
 func newRouter(ctx context.Context, cfg Config, p Policy, sims []*sim.Sim) (*router, func(), error) {
-	if p == OraclePolicy {
-		o, err := NewOracle(len(sims), blockSize, cfg.CacheBlocks)
+	if p == OraclePolicy || p == OraclePrefix {
+		slots := cfg.SimConcurrency
+		if p == OraclePrefix {
+			slots = 0
+		}
+		o, err := NewOracle(len(sims), blockSize, cfg.CacheBlocks, slots)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -90,7 +90,7 @@ func DefaultShape(w Workload, requests int) Shape {
 	case MultiTurn:
 		s.Prefixes, s.PrefixWords, s.SuffixWords = max(requests/8, 1), 120, 40
 	case LongDoc:
-		s.Prefixes, s.PrefixWords, s.SuffixWords = 6, 1200, 20
+		s.Prefixes, s.PrefixWords, s.SuffixWords = 5, 800, 20
 	case Random:
 		s.PrefixWords = 300
 	}

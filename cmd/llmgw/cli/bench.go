@@ -201,8 +201,11 @@ engines (cold caches):
   least-inflight   least requests in flight (sel 4)
   chwbl            consistent hashing with bounded loads (sel 8)
   kv-exact         KV-exact routing on the engines' KV events (kvExactMode 3)
-  oracle           an exact model of every engine's cache, no delay, no gateway:
-                   the upper bound for the hit ratio
+  oracle           an exact model of every engine's cache and load, no delay,
+                   no gateway: the longest cached prefix among engines with a
+                   free serving slot
+  oracle-prefix    the same model, always the longest cached prefix (the hit
+                   ratio's bound when no block is common to all prompts)
 
 Workloads: shared-prefix (system prompts x many users), multi-turn (growing
 chats), long-doc (question answering over long documents), hot-prefix
@@ -227,7 +230,7 @@ the JSON, Markdown and a PNG chart are written there too.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Workload, "workload", "shared-prefix", "shared-prefix, multi-turn, long-doc, hot-prefix, random, or all")
-	f.StringVar(&opts.Policies, "policies", "all", "comma-separated: rr, least-inflight, chwbl, kv-exact, oracle (or all)")
+	f.StringVar(&opts.Policies, "policies", "all", "comma-separated: rr, least-inflight, chwbl, kv-exact, oracle, oracle-prefix (or all)")
 	f.IntVar(&opts.Requests, "requests", 400, "requests per workload and policy")
 	f.Uint64Var(&opts.Seed, "seed", 42, "workload seed: equal seeds replay identical requests")
 	f.IntVar(&opts.Endpoints, "endpoints", 4, "simulated engines")
