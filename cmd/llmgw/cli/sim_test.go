@@ -25,7 +25,9 @@ func TestSimCommandPrintsAddressesAndServes(t *testing.T) {
 			ios, out := pipeIO()
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan ExitCode, 1)
-			go func() { done <- Main(ctx, []string{"sim", "--engine", engine, "--listen", "127.0.0.1:0", "--model", "m"}, ios) }()
+			go func() {
+				done <- Main(ctx, []string{"sim", "--engine", engine, "--listen", "127.0.0.1:0", "--model", "m"}, ios)
+			}()
 			line, err := bufio.NewReader(out).ReadString('\n')
 			if err != nil {
 				cancel()
@@ -89,4 +91,3 @@ func TestSimCommandBadInput(t *testing.T) {
 		})
 	}
 }
-
