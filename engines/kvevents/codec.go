@@ -23,7 +23,7 @@ const (
 // It fails on an unknown kind or encoding, or on Event.ExtraKeys that are not
 // exactly one msgpack value; dst is then returned unchanged.
 func AppendBatch(dst []byte, b *Batch, enc Encoding) ([]byte, error) {
-	if enc < ArrayV011 || enc > ArraySGLang {
+	if enc < ArrayV011 || enc > MapSGLang {
 		return dst, fmt.Errorf("kvevents: unknown encoding %d", uint8(enc))
 	}
 	start := len(dst)
@@ -49,8 +49,8 @@ func appendEvent(dst []byte, e *Event, enc Encoding) ([]byte, error) {
 	if e.TokenPairs && len(e.TokenIDs)%2 != 0 {
 		return dst, fmt.Errorf("token pairs with an odd number of ids (%d)", len(e.TokenIDs))
 	}
-	if enc == Map {
-		return appendEventMap(dst, e)
+	if enc == Map || enc == MapSGLang {
+		return appendEventMap(dst, e, enc == MapSGLang)
 	}
 	signed := enc == ArraySGLang
 	switch e.Kind {
@@ -102,15 +102,16 @@ func appendEvent(dst []byte, e *Event, enc Encoding) ([]byte, error) {
 
 // appendEventMap writes the tagged-map form: "type" first, then the fields in
 // declaration order; fields whose default is nil are omitted when nil.
-func appendEventMap(dst []byte, e *Event) ([]byte, error) {
+// signed writes hashes as int64, as SGLang publishes them.
+func appendEventMap(dst []byte, e *Event, signed bool) ([]byte, error) {
 	switch e.Kind {
 	case BlockStored:
 		n := 8 + countSet(e.ExtraKeys != nil, e.GroupIdx != nil, e.KVCacheSpecKind != nil,
 			e.SlidingWindow != nil, e.CacheSalt != nil)
 		dst = appendMapHeader(dst, n)
 		dst = appendStr(appendStr(dst, "type"), tagStored)
-		dst = appendHashes(appendStr(dst, "block_hashes"), e.BlockHashes, false)
-		dst = appendParent(appendStr(dst, "parent_block_hash"), e, false)
+		dst = appendHashes(appendStr(dst, "block_hashes"), e.BlockHashes, signed)
+		dst = appendParent(appendStr(dst, "parent_block_hash"), e, signed)
 		dst = appendTokens(appendStr(dst, "token_ids"), e)
 		dst = appendInt(appendStr(dst, "block_size"), int64(e.BlockSize))
 		dst = appendOptInt(appendStr(dst, "lora_id"), e.LoraID)
@@ -135,7 +136,7 @@ func appendEventMap(dst []byte, e *Event) ([]byte, error) {
 	case BlockRemoved:
 		dst = appendMapHeader(dst, 3+countSet(e.GroupIdx != nil))
 		dst = appendStr(appendStr(dst, "type"), tagRemoved)
-		dst = appendHashes(appendStr(dst, "block_hashes"), e.BlockHashes, false)
+		dst = appendHashes(appendStr(dst, "block_hashes"), e.BlockHashes, signed)
 		dst = appendOptStr(appendStr(dst, "medium"), e.Medium)
 		if e.GroupIdx != nil {
 			dst = appendInt(appendStr(dst, "group_idx"), *e.GroupIdx)

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"math"
@@ -520,6 +521,35 @@ func TestHostileCountsAllocateLittle(t *testing.T) {
 			const limit = 1 << 20
 			if got := after.TotalAlloc - before.TotalAlloc; got > limit {
 				t.Errorf("allocated %d bytes for a %d-byte payload, want at most %d", got, len(tc.payload), limit)
+			}
+		})
+	}
+}
+
+// TestMapSGLangSignsHashes: SGLang's map events carry hashes as signed
+// int64 (msgpack 0xd3), decoding to the same bit pattern as vLLM's unsigned
+// form (0xcf).
+func TestMapSGLangSignsHashes(t *testing.T) {
+	const h = uint64(0xdf3f619804a92fdb) // SGLang vector: negative as int64
+	b := &Batch{TS: 1, Events: []Event{{Kind: BlockStored, BlockHashes: []uint64{h}, TokenIDs: []uint32{1}, BlockSize: 1}, {Kind: BlockRemoved, BlockHashes: []uint64{h}}}}
+	for _, tc := range []struct {
+		name   string
+		enc    Encoding
+		marker byte
+	}{{"vllm map unsigned", Map, 0xcf}, {"sglang map signed", MapSGLang, 0xd3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := AppendBatch(nil, b, tc.enc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := append([]byte{tc.marker}, binary.BigEndian.AppendUint64(nil, h)...)
+			if bytes.Count(out, want) != 2 {
+				t.Errorf("%s: hash not encoded as %#x in both events: %x", tc.enc, tc.marker, out)
+			}
+			var got Batch
+			enc, err := DecodeBatch(out, &got)
+			if err != nil || enc != Map || got.Events[0].BlockHashes[0] != h || got.Events[1].BlockHashes[0] != h {
+				t.Errorf("decode: %v %v %+v", enc, err, got.Events)
 			}
 		})
 	}

@@ -117,6 +117,10 @@ const (
 	// token_ids, block_size, lora_id, medium, lora_name, extra_keys,
 	// attn_dp_rank], hashes as signed int64; BlockRemoved 3.
 	ArraySGLang
+	// MapSGLang is the tagged-map layout of SGLang after PR #37482: Map with
+	// hashes as signed int64. Decoding reports it as Map (a signed and an
+	// unsigned hash decode to the same bit pattern).
+	MapSGLang
 )
 
 // String names the encoding.
@@ -130,6 +134,8 @@ func (e Encoding) String() string {
 		return "map"
 	case ArraySGLang:
 		return "array-sglang"
+	case MapSGLang:
+		return "map-sglang"
 	}
 	return fmt.Sprintf("Encoding(%d)", uint8(e))
 }

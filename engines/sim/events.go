@@ -56,6 +56,8 @@ func newEventHub(ctx context.Context, cfg Config, faults *faultState, rank int) 
 		h.enc = kvevents.ArraySGLang
 	case cfg.EventEncoding == EncodingArray:
 		h.enc = kvevents.ArrayV011
+	case cfg.Engine == engines.SGLang:
+		h.enc = kvevents.MapSGLang
 	default:
 		h.enc = kvevents.Map
 	}

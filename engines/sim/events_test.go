@@ -346,8 +346,8 @@ func TestDPRanks(t *testing.T) {
 // replay cannot fill; a dropped batch is a jump that replay fills.
 func TestEventFaults(t *testing.T) {
 	tests := []struct {
-		name         string
-		fault        string
+		name     string
+		fault    string
 		wantJump uint64
 		// wantReplayed are the replayed seqs (relative to the last seen)
 		// from just after the last seen batch.
