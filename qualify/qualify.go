@@ -308,13 +308,18 @@ func convergedRunbook(co *converged.Options, hook func(string)) runbook.Runbook 
 	}
 	gate := gates.Step(func(r *runbook.Run) (gates.Target, error) {
 		hook(gates.StepHashParity)
-		// The apply step records the admin API it used (the embedded
-		// gateway's, once started) in co.GatewayAdmin and names its rule
-		// after the run ID.
-		if co.GatewayAdmin == "" {
-			return gates.Target{}, fmt.Errorf("qualify: no gateway admin API: the rule was not applied")
+		// The rule to check is the one this run applied, as its ownership
+		// ledger records it (admin API and name) for cleanup.
+		led, _ := r.Vars.(*runbook.Ledger)
+		if led == nil {
+			return gates.Target{}, fmt.Errorf("qualify: run %s has no ownership ledger", r.ID)
 		}
-		return gates.Target{AdminBase: co.GatewayAdmin, AdminToken: co.GatewayToken, Rule: convergedRuleName(r.ID),
+		rules := led.State().Rules
+		if len(rules) == 0 {
+			return gates.Target{}, fmt.Errorf("qualify: run %s applied no rule", r.ID)
+		}
+		owned := rules[len(rules)-1]
+		return gates.Target{AdminBase: owned.Admin, AdminToken: co.GatewayToken, Rule: owned.Name,
 			Chat: chat, Nonce: r.ID, Timeout: co.ReadyTimeout}, nil
 	})
 	i := slices.IndexFunc(rb.Steps, func(s runbook.Step) bool { return s.Name() == converged.StepRouting })
@@ -323,15 +328,6 @@ func convergedRunbook(co *converged.Options, hook func(string)) runbook.Runbook 
 	}
 	rb.Steps = slices.Insert(rb.Steps, i, gate)
 	return rb
-}
-
-// convergedRuleName is the rule name the converged runbook applies for a
-// run: "rb-" and the run ID's random tail.
-func convergedRuleName(runID string) string {
-	if i := strings.LastIndexByte(runID, '-'); i >= 0 && i+1 < len(runID) {
-		return "rb-" + strings.ToLower(runID[i+1:])
-	}
-	return "rb-run"
 }
 
 func (o *Options) convergedLauncher() runbook.Launcher {
