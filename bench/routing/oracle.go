@@ -11,18 +11,24 @@ import (
 
 // Oracle is the reference router: it keeps an exact model of every
 // simulator's prefix cache (same capacity, same LRU lookup and insert rules
-// as engines/sim) and knows every endpoint's requests in flight. Among the
-// endpoints with a free serving slot (fewer in flight than the engines'
-// slots, where the simulator's latency model adds no delay) it picks the
-// longest cached prefix, breaking ties by fewest in flight, then lowest
-// index; when every endpoint is full it picks the fewest in flight, then
-// the longest cached prefix. Its knowledge is perfect and has no delay: the
-// model is updated when a request is dispatched, before the engine has even
-// started it.
+// as engines/sim) and knows every endpoint's requests in flight. Its
+// knowledge is perfect and has no delay: the model is updated when a
+// request is dispatched, before the engine has even started it.
 //
-// Pure longest-prefix routing would be a hit-ratio bound but no reference:
-// when a workload shares even one block (a common chat-template opening),
-// it sends everything to one worker and queues there.
+// With slots > 0 it routes as a cache-aware router with that knowledge
+// would: among endpoints with a free serving slot (fewer in flight than the
+// engines' slots, where the simulator's latency model adds no delay), the
+// one holding the longest cached prefix when that prefix covers at least
+// half of the prompt's blocks, otherwise the least loaded one (a short
+// common opening, such as a chat template's first block, is not worth
+// piling onto one worker); when every endpoint is full, the fewest in
+// flight. Ties go to the longer prefix, then fewer in flight, then the
+// lower index.
+//
+// With slots = 0 it always takes the longest cached prefix (ties to fewer
+// in flight): the hit ratio's bound on workloads whose prompts share no
+// opening block, and the "everything to one worker" failure on those that
+// do.
 //
 // Oracle is safe for concurrent use.
 type Oracle struct {
@@ -85,31 +91,65 @@ func (o *Oracle) Pick(msgs []tokenizer.Message) (Decision, error) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	best, bestHit, bestFree := -1, -1, false
-	for i, c := range o.caches {
-		h := c.peek(keys[:maxHit])
-		q := o.inFlight[i]
-		free := o.slots == 0 || q < o.slots
-		var better bool
-		switch {
-		case best < 0:
-			better = true
-		case free != bestFree:
-			better = free
-		case free:
-			better = h > bestHit || h == bestHit && q < o.inFlight[best]
-		default:
-			better = q < o.inFlight[best] || q == o.inFlight[best] && h > bestHit
-		}
-		if better {
-			best, bestHit, bestFree = i, h, free
-		}
-	}
+	best := o.choose(keys[:maxHit])
+	bestHit := o.caches[best].peek(keys[:maxHit])
 	c := o.caches[best]
 	c.lookup(keys[:maxHit])
 	c.insert(keys)
 	o.inFlight[best]++
 	return Decision{Endpoint: best, PromptTokens: len(prompt), PredictedCached: bestHit * o.blockSize}, nil
+}
+
+// choose applies the selection rule to a prompt's lookup keys; o.mu is
+// held.
+func (o *Oracle) choose(keys []uint64) int {
+	hits := make([]int, len(o.caches))
+	for i, c := range o.caches {
+		hits[i] = c.peek(keys)
+	}
+	better := func(i, j int, loadFirst bool) bool { // is i better than j?
+		if j < 0 {
+			return true
+		}
+		if loadFirst && o.inFlight[i] != o.inFlight[j] {
+			return o.inFlight[i] < o.inFlight[j]
+		}
+		if hits[i] != hits[j] {
+			return hits[i] > hits[j]
+		}
+		return o.inFlight[i] < o.inFlight[j]
+	}
+	if o.slots == 0 {
+		best := -1
+		for i := range hits {
+			if better(i, best, false) {
+				best = i
+			}
+		}
+		return best
+	}
+	byHit, byLoad, full := -1, -1, -1
+	for i := range hits {
+		if o.inFlight[i] >= o.slots {
+			if better(i, full, true) {
+				full = i
+			}
+			continue
+		}
+		if better(i, byHit, false) {
+			byHit = i
+		}
+		if better(i, byLoad, true) {
+			byLoad = i
+		}
+	}
+	switch {
+	case byHit < 0:
+		return full
+	case 2*hits[byHit] >= len(keys) && hits[byHit] > 0:
+		return byHit
+	}
+	return byLoad
 }
 
 // Done ends a request Pick sent to endpoint.

@@ -379,6 +379,8 @@ func TestOraclePickRule(t *testing.T) {
 		{"a new prompt goes to the least loaded", 0, []string{"a", "b"}, []int{0, 1}},
 		{"a full holder is passed over", 2, []string{"a", "a", "a"}, []int{0, 0, 1}},
 		{"all full: fewest in flight", 1, []string{"a", "b", "a"}, []int{0, 1, 0}},
+		{"a free holder of a long prefix wins over an idle endpoint", 4, []string{"a", "a", "a"}, []int{0, 0, 0}},
+		{"without a long prefix the least loaded wins", 4, []string{"a", "b", "c"}, []int{0, 1, 0}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
