@@ -299,7 +299,8 @@ func runCase(ctx context.Context, o *Options, c Case, store *results.Store, outD
 // and cache reuse still record what they see).
 func convergedRunbook(co *converged.Options, hook func(string)) runbook.Runbook {
 	rb := converged.Runbook(co)
-	if co.Mode != "exact" {
+	has := slices.ContainsFunc(rb.Steps, func(s runbook.Step) bool { return s.Name() == gates.StepHashParity })
+	if co.Mode != "exact" || has { // never twice, should the runbook gain the gate itself
 		return rb
 	}
 	chat := false
