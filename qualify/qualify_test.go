@@ -376,6 +376,16 @@ func TestCancelKeepsRows(t *testing.T) {
 	if started["trtllm"] {
 		t.Errorf("the third case started after the interrupt")
 	}
+	// The case in flight was cleaned up: its cleanup step ran and passed
+	// (workers stopped and proven gone, rule deleted, gateway closed).
+	inflight, err := store.Get(rep.Rows[1].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := inflight.Steps[len(inflight.Steps)-1]
+	if last.Name != converged.StepCleanup || last.Status != results.StatusPass {
+		t.Errorf("in-flight case's last step %q = %s; want cleanup PASS", last.Name, last.Status)
+	}
 	hist, err := store.List()
 	if err != nil || len(hist) != 2 {
 		t.Fatalf("history has %d rows (%v); want 2", len(hist), err)
