@@ -97,6 +97,11 @@ func TestQualifyExitCodesAndExports(t *testing.T) {
 			if code != tc.wantCode {
 				t.Fatalf("exit %d; want %d\nstdout %s\nstderr %s", code, tc.wantCode, stdout, errOut)
 			}
+			for _, want := range []string{"[1/2] trtllm-qwen3-0.6b-rr-converged ...", "[1/2] trtllm-qwen3-0.6b-rr-converged: PASS", "[2/2] trtllm-gemma-2-9b-it-rr-converged: BLOCKED architecture_unsupported"} {
+				if !strings.Contains(errOut, want) {
+					t.Errorf("progress on stderr lacks %q:\n%s", want, errOut)
+				}
+			}
 			for _, want := range []string{results.SimulatedNote, "2 runs: 1 PASS, 0 FAIL, 1 BLOCKED", "architecture_unsupported", "launcher: sim"} {
 				if !strings.Contains(stdout, want) {
 					t.Errorf("stdout lacks %q:\n%s", want, stdout)
