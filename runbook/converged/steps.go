@@ -212,6 +212,10 @@ func (s *state) body(model, prompt, nonce string, stream bool) []byte {
 // and topic, so no earlier request warmed it by chance.
 func (s *state) longPrompt(runID, topic string) string {
 	var b strings.Builder
+	// The run's random suffix comes first: the first block must be new to
+	// every worker (a block an engine cached before the gateway subscribed
+	// is unknown to the gateway, and a prefix match starts at block 0).
+	fmt.Fprintf(&b, "Run %s, %s. ", shortID(runID), topic)
 	for i := 0; i < 24; i++ {
 		fmt.Fprintf(&b, "Section %d of %s (%s): the gateway sends each request to the worker that already holds its prefix. ", i, topic, runID)
 	}

@@ -300,8 +300,8 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	}
 	w := warm.Endpoint
 	// The warm prompt's full blocks, from the engine's own receipt: the
-	// inventory must grow by at least that many (one event batch per
-	// request, applied in order) before a follow-up can be expected to hit.
+	// inventory must hold at least that many, and have grown, before a
+	// follow-up can be expected to hit (one event batch per request).
 	want := 1
 	if all, err := s.allReceipts(ctx); err == nil {
 		if rec, ok := receiptFor(all[w], warm.RID); ok && s.spec.BlockSize > 0 {
@@ -322,7 +322,9 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 				blocks = ep.InventoryBlocks
 			}
 		}
-		return blocks >= base[w]+want, fmt.Sprintf("worker %s inventory %d blocks (%d before the warm request of %d blocks)", w, blocks, base[w], want), nil
+		// base may shrink (a resync clears stale blocks), so ask for growth
+		// and at least the warm prompt's blocks.
+		return blocks > base[w] && blocks >= want, fmt.Sprintf("worker %s inventory %d blocks (%d before the warm request of %d blocks)", w, blocks, base[w], want), nil
 	})
 	out = out.With("inventory-after-warm.json", invRaw)
 	if err != nil {
