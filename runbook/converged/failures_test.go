@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
@@ -270,5 +272,38 @@ func TestAttachLeavesWorkersRunning(t *testing.T) {
 				resp.Body.Close()
 			}
 		})
+	}
+}
+
+// TestExternalGatewayThroughItsAdminAPI runs against a gateway this test
+// starts (as --gateway URL would name one): the run passes through the
+// admin API, deletes only its own rule, and leaves the other rule alone.
+func TestExternalGatewayThroughItsAdminAPI(t *testing.T) {
+	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gw.Close() })
+	other, err := rule.Decode([]byte("name: keep-me\nmodel_name: other\nprobe: {disabled: true}\nendpoints:\n  - {endpointIP: 127.0.0.1, targetPort: 9}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gw.Apply(other, true); err != nil {
+		t.Fatal(err)
+	}
+	o := &Options{Mode: "chwbl", Launcher: &launcher.Sim{}, GatewayAdmin: "http://" + gw.AdminAddr(), HealthTimeout: 10 * time.Second, ReadyTimeout: 10 * time.Second}
+	rep, _, _ := run(t, t.Context(), o)
+	if rep.Summary.Verdict != results.StatusPass {
+		t.Fatalf("verdict = %s; want PASS\n%s", rep.Summary.Verdict, stepLine(rep))
+	}
+	names := []string{}
+	for _, st := range gw.Rules() {
+		names = append(names, st.Rule.Name)
+	}
+	if strings.Join(names, ",") != "keep-me" {
+		t.Errorf("rules after the run = %v; want only keep-me", names)
 	}
 }

@@ -204,3 +204,13 @@ func TestCleanupCommandTwice(t *testing.T) {
 		}
 	}
 }
+
+// TestRunbookHelpGolden pins the runbook's documented steps, launchers and
+// exit codes (the contract an operator reads).
+func TestRunbookHelpGolden(t *testing.T) {
+	code, out, errOut := runCLI(t, false, "runbook", "converged", "--help")
+	if code != ExitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	goldenFile(t, "runbook-converged-help.txt", []byte(out))
+}
