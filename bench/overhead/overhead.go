@@ -48,14 +48,17 @@ const (
 
 // Target names.
 const (
-	Direct  = "direct"
-	LLMGW   = "llmgw"
-	Nginx   = "nginx"
-	HAProxy = "haproxy"
+	Direct = "direct"
+	LLMGW  = "llmgw" // embedded in the benchmark's process
+	// LLMGWProc is llmgw as its own process (`llmgw serve`), measured as
+	// the reference proxies are; needs Config.GatewayBinary.
+	LLMGWProc = "llmgw-proc"
+	Nginx     = "nginx"
+	HAProxy   = "haproxy"
 )
 
 // AllTargets lists every target in report order.
-func AllTargets() []string { return []string{Direct, LLMGW, Nginx, HAProxy} }
+func AllTargets() []string { return []string{Direct, LLMGW, LLMGWProc, Nginx, HAProxy} }
 
 // Config is one overhead benchmark.
 type Config struct {
@@ -89,6 +92,9 @@ type Config struct {
 	// first, as the baseline. Nginx and HAProxy are skipped with a note
 	// when not installed.
 	Targets []string
+	// GatewayBinary is the llmgw executable the LLMGWProc target runs; ""
+	// skips that target with a note.
+	GatewayBinary string
 	// Logger receives the embedded gateway's logs; nil discards them.
 	Logger *slog.Logger
 	// Progress, when set, is called (from Run's goroutine) as each
@@ -250,6 +256,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			defer stop()
 			targets = append(targets, target{name: LLMGW, addr: addr})
+		case LLMGWProc:
+			if cfg.GatewayBinary == "" {
+				targets = append(targets, target{name: name, skipped: "no llmgw binary given"})
+				continue
+			}
+			p, err := startLLMGWProcess(ctx, cfg.GatewayBinary, upstream)
+			if err != nil {
+				return nil, err
+			}
+			defer p.stop()
+			targets = append(targets, target{name: name, addr: p.addr})
 		case Nginx, HAProxy:
 			p, err := startProxy(ctx, name, upstream)
 			if errors.Is(err, ErrNotInstalled) {

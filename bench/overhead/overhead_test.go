@@ -7,6 +7,7 @@ import (
 	"flag"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -284,5 +285,31 @@ func TestConfigFiles(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLLMGWProcessTarget builds the llmgw binary and measures it as a child
+// process next to the embedded gateway.
+func TestLLMGWProcessTarget(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go tool is needed to build llmgw: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "llmgw")
+	build := exec.Command(goBin, "build", "-o", bin, "github.com/llmgw/llmgw/cmd/llmgw")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cfg := baseConfig()
+	cfg.Targets = []string{LLMGW, LLMGWProc}
+	cfg.MaxRequests = 100
+	cfg.GatewayBinary = bin
+	rep, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rep.Result(LLMGWProc)
+	if r == nil || r.Skipped != "" || r.Requests != cfg.MaxRequests || r.Errors != 0 {
+		t.Fatalf("llmgw-proc result %+v; want %d requests without errors", r, cfg.MaxRequests)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -86,6 +87,41 @@ backend w
 `, listen, upstream)
 }
 
+// startLLMGWProcess runs `bin serve` as a child process with one
+// round-robin rule (probes off) over upstream, so llmgw is measured as
+// nginx and HAProxy are: its own process, its own CPU share.
+func startLLMGWProcess(ctx context.Context, bin, upstream string) (*proxy, error) {
+	host, port, err := net.SplitHostPort(upstream)
+	if err != nil {
+		return nil, fmt.Errorf("overhead: upstream %q: %w", upstream, err)
+	}
+	if host == "localhost" {
+		host = "127.0.0.1"
+	}
+	listen, err := freeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	admin, err := freeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "llmgw-bench-proc-")
+	if err != nil {
+		return nil, fmt.Errorf("overhead: llmgw dir: %w", err)
+	}
+	rules := filepath.Join(dir, "rules.yaml")
+	ruleText := fmt.Sprintf("name: bench\nmodel_name: \"\"\nsel: 0\nprobe: {disabled: true}\nendpoints:\n  - {id: w1, endpointIP: %s, targetPort: %s}\n", host, port)
+	if err := os.WriteFile(rules, []byte(ruleText), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("overhead: llmgw rules: %w", err)
+	}
+	args := []string{"serve", "--listen", listen, "--admin", admin, "--state-dir", filepath.Join(dir, "state"), "--rules", rules, "--log-level", "warn"}
+	// The data plane listens before serve applies --rules; serve prints
+	// its banner after, so the banner is the readiness signal.
+	return startProcess(ctx, "llmgw", bin, args, listen, dir, "llmgw serving:")
+}
+
 // startProxy writes kind's ("nginx" or "haproxy") configuration for
 // upstream, starts it in the foreground and waits until it accepts
 // connections. It returns ErrNotInstalled when the binary is missing.
@@ -123,6 +159,14 @@ func startProxy(ctx context.Context, kind, upstream string) (*proxy, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("%w: unknown proxy %q", ErrParams, kind)
 	}
+	return startProcess(ctx, kind, bin, args, listen, dir, "")
+}
+
+// startProcess starts bin with args, logging to dir/output.log, and waits
+// until listen accepts connections (and, when banner is not "", the log
+// holds banner); on failure it kills the process it started and removes
+// dir.
+func startProcess(ctx context.Context, kind, bin string, args []string, listen, dir, banner string) (*proxy, error) {
 	cmd := exec.Command(bin, args...)
 	out, err := os.Create(filepath.Join(dir, "output.log"))
 	if err != nil {
@@ -143,7 +187,9 @@ func startProxy(ctx context.Context, kind, upstream string) (*proxy, error) {
 	for {
 		if c, err := net.Dial("tcp", listen); err == nil {
 			c.Close()
-			return &proxy{addr: listen, proc: cmd.Process, dir: dir, exited: exited}, nil
+			if banner == "" || logHas(filepath.Join(dir, "output.log"), banner) {
+				return &proxy{addr: listen, proc: cmd.Process, dir: dir, exited: exited}, nil
+			}
 		}
 		select {
 		case err := <-exited:
@@ -163,4 +209,9 @@ func startProxy(ctx context.Context, kind, upstream string) (*proxy, error) {
 		case <-tick.C:
 		}
 	}
+}
+
+func logHas(path, s string) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && strings.Contains(string(b), s)
 }

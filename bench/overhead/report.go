@@ -66,11 +66,13 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 		}
 		fmt.Fprintf(&b, " %d | %d |\n", res.Errors, res.Dropped)
 	}
-	gw := r.Result(LLMGW)
 	var ratios []string
-	for _, ref := range []string{Nginx, HAProxy} {
-		if p := r.Result(ref); gw != nil && p != nil && p.Throughput > 0 && gw.Throughput > 0 {
-			ratios = append(ratios, fmt.Sprintf("llmgw / %s throughput = %.2fx", ref, gw.Throughput/p.Throughput))
+	for _, name := range []string{LLMGW, LLMGWProc} {
+		gw := r.Result(name)
+		for _, ref := range []string{Nginx, HAProxy} {
+			if p := r.Result(ref); gw != nil && p != nil && p.Throughput > 0 && gw.Throughput > 0 {
+				ratios = append(ratios, fmt.Sprintf("%s / %s throughput = %.2fx", name, ref, gw.Throughput/p.Throughput))
+			}
 		}
 	}
 	if len(ratios) > 0 {

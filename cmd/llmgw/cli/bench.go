@@ -63,10 +63,11 @@ func newBenchOverheadCmd(io *IOStreams, runF func(context.Context, *BenchOverhea
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Latency and throughput added by llmgw, nginx and HAProxy over a direct engine",
-		Long: `Send the same chat completions to a simulated engine directly, through an
-embedded llmgw (one round-robin rule, probes off) and through nginx and
-HAProxy (when installed: make bench-deps), one target after the other in one
-run, and report requests/s, p50/p90/p99 latency and the latency each proxy
+		Long: `Send the same chat completions to a simulated engine directly, through
+llmgw (one round-robin rule, probes off) embedded in the benchmark's process
+and run as its own process (this binary's serve, as nginx and HAProxy run),
+and through nginx and HAProxy (when installed: make bench-deps), one target
+after the other in one run, and report requests/s, p50/p90/p99 latency and the latency each proxy
 adds over the direct baseline.
 
 --mode open sends --rps requests per second whatever happens (latency counts
@@ -101,7 +102,7 @@ with one request before any load is sent; an unreachable one ends the run.`,
 	f.DurationVar(&opts.DecodePerToken, "decode-per-token", 0, "simulated engine's delay per generated token (spaces the stream's chunks)")
 	f.StringVar(&opts.Upstream, "upstream", "", "host:port of a running loopback OpenAI-compatible engine to use instead of the built-in simulator")
 	f.StringVar(&opts.Model, "model", "m", "model name sent in requests")
-	f.StringVar(&opts.Targets, "targets", "llmgw,nginx,haproxy", "comma-separated targets besides the direct baseline: llmgw, nginx, haproxy")
+	f.StringVar(&opts.Targets, "targets", "llmgw,llmgw-proc,nginx,haproxy", "comma-separated targets besides the direct baseline: llmgw (embedded), llmgw-proc (this binary's serve as a child process), nginx, haproxy")
 	f.StringVar(&opts.Format, "format", "markdown", "report on stdout: markdown or json")
 	f.StringVar(&opts.JSONFile, "json", "", "also write the JSON report to this file")
 	return cmd
@@ -117,7 +118,7 @@ func (o *BenchOverheadOptions) config() (overhead.Config, error) {
 		}
 	}
 	if len(cfg.Targets) == 0 {
-		return cfg, usageErrorf("--targets: name at least one of llmgw, nginx, haproxy")
+		return cfg, usageErrorf("--targets: name at least one of llmgw, llmgw-proc, nginx, haproxy")
 	}
 	if o.Format != "markdown" && o.Format != "json" {
 		return cfg, usageErrorf("--format %q: want markdown or json", o.Format)
@@ -143,6 +144,9 @@ func benchOverheadRun(ctx context.Context, o *BenchOverheadOptions) error {
 		return err
 	}
 	cfg.Progress = func(target string) { fmt.Fprintf(o.IO.ErrOut, "measuring %s...\n", target) }
+	if self, err := os.Executable(); err == nil && strings.Contains(o.Targets, overhead.LLMGWProc) {
+		cfg.GatewayBinary = self
+	}
 	rep, runErr := overhead.Run(ctx, cfg)
 	if rep == nil {
 		return runErr

@@ -38,7 +38,7 @@ func TestBenchFlags(t *testing.T) {
 		check func(*BenchOverheadOptions, *BenchRoutingOptions) string
 	}{
 		{"overhead defaults", "bench overhead", func(o *BenchOverheadOptions, _ *BenchRoutingOptions) string {
-			if o.Mode != "closed" || o.RPS != 5000 || o.Concurrency != 32 || o.Duration != 5*time.Second || o.Targets != "llmgw,nginx,haproxy" || o.Stream {
+			if o.Mode != "closed" || o.RPS != 5000 || o.Concurrency != 32 || o.Duration != 5*time.Second || o.Targets != "llmgw,llmgw-proc,nginx,haproxy" || o.Stream {
 				return "defaults"
 			}
 			return ""
