@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,8 +64,9 @@ type Docker struct {
 	Network string
 	// ImageOverride maps an engine name, or SimImageKey, to an image.
 	ImageOverride map[string]string
-	// StartTimeout bounds each container's wait for its HTTP port; 0 means
-	// 2 minutes. The runbook waits for health afterwards.
+	// StartTimeout bounds each container's health wait (GET health path
+	// until 200); 0 means 1 minute for simulator images, 10 minutes for
+	// engines (weights load first).
 	StartTimeout time.Duration
 
 	mu        sync.Mutex
@@ -185,7 +187,10 @@ func (d *Docker) Launch(ctx context.Context, spec runbook.LaunchSpec) ([]runbook
 	}
 	timeout := d.StartTimeout
 	if timeout <= 0 {
-		timeout = 2 * time.Minute
+		timeout = 10 * time.Minute // real engines load weights first
+		if simMode {
+			timeout = time.Minute
+		}
 	}
 	repo, tag := splitImage(image)
 	var out []runbook.Worker
@@ -247,7 +252,7 @@ func (d *Docker) Launch(ctx context.Context, spec runbook.LaunchSpec) ([]runbook
 		if replayPort > 0 {
 			w.Replay = "tcp://" + net.JoinHostPort("127.0.0.1", res.GetPort(strconv.Itoa(replayPort)+"/tcp"))
 		}
-		if err := waitPort(ctx, pool, res, w.HTTP, timeout); err != nil {
+		if err := waitHealthy(ctx, pool, res, "http://"+w.HTTP+w.HealthPath, timeout); err != nil {
 			return nil, fmt.Errorf("launcher: docker: %s: %w", opts.Name, err)
 		}
 		out = append(out, w)
@@ -279,27 +284,39 @@ func simArgs(spec runbook.LaunchSpec) []string {
 	return args
 }
 
-// waitPort waits until addr accepts TCP connections, failing early when the
-// container is no longer running.
-func waitPort(ctx context.Context, pool *dockertest.Pool, res *dockertest.Resource, addr string, timeout time.Duration) error {
+// waitHealthy waits until the worker's health endpoint answers 200 (a
+// published port accepts connections through docker's proxy before the
+// process listens, so a TCP connect proves nothing), failing early when the
+// container has exited.
+func waitHealthy(ctx context.Context, pool *dockertest.Pool, res *dockertest.Resource, url string, timeout time.Duration) error {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
+	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
+	last := "no answer yet"
 	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return nil
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
 		}
-		if ct, ierr := pool.Client.InspectContainer(res.Container.ID); ierr == nil && ct.State.Status == "exited" {
-			return fmt.Errorf("container exited with code %d before listening", ct.State.ExitCode)
+		resp, err := httpClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = fmt.Sprintf("health answered %d", resp.StatusCode)
+		} else {
+			last = err.Error()
+		}
+		if ct, ierr := pool.Client.InspectContainer(res.Container.ID); ierr == nil && !ct.State.Running {
+			return fmt.Errorf("container %s (exit code %d) before it was healthy", ct.State.Status, ct.State.ExitCode)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-deadline.C:
-			return fmt.Errorf("port %s not open within %v: %w", addr, timeout, err)
+			return fmt.Errorf("%s not healthy within %v: %s", url, timeout, last)
 		case <-tick.C:
 		}
 	}
