@@ -154,6 +154,8 @@ func (s *state) launch(ctx context.Context, r *runbook.Run) runbook.Outcome {
 }
 
 func (s *state) stopWorkers(ctx context.Context) error {
+	// Our idle keep-alive connections would hold each worker's shutdown.
+	s.client.CloseIdleConnections()
 	if err := s.o.Launcher.Stop(ctx); err != nil {
 		return err
 	}

@@ -103,12 +103,13 @@ func (l *Sim) Stop(context.Context) error {
 	sims := l.sims
 	l.sims = nil
 	l.mu.Unlock()
-	var errs []error
-	for _, s := range sims {
-		if err := s.Close(); err != nil {
-			errs = append(errs, err)
-		}
+	// Close them together: each waits for its own listeners to wind down.
+	errs := make([]error, len(sims))
+	var wg sync.WaitGroup
+	for i, s := range sims {
+		wg.Go(func() { errs[i] = s.Close() })
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
