@@ -5,7 +5,7 @@ RACE_PKGS := ./gateway/...
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME  ?= 60s
 
-.PHONY: all build test unit lint fmt-check vet staticcheck bench bench-deps bench-gateway fuzz clean
+.PHONY: all build test unit lint fmt-check vet staticcheck bench bench-deps bench-gateway fuzz clean test-faults soak
 
 all: build
 
@@ -18,12 +18,14 @@ build:
 	$(GO) build -o bin/llmgw ./cmd/llmgw
 
 # test = lint + the default suite. Gateway packages run under the race
-# detector; the rest run without it to keep the suite fast on 2 cores.
+# detector; the rest run without it to keep the suite fast on 2 cores. The
+# fault suite (test-faults, about 2.5 minutes on 2 busy cores) is part of it.
 test: lint unit
 
 unit:
 	$(GO) test -race -count=1 $(RACE_PKGS)
-	$(GO) test -count=1 $$($(GO) list $(PKGS) | grep -v '/gateway')
+	$(GO) test -count=1 $$($(GO) list $(PKGS) | grep -v -e '/gateway' -e '/reliability')
+	$(MAKE) test-faults
 
 lint: fmt-check vet staticcheck
 
@@ -32,10 +34,23 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
-	$(GO) vet $(PKGS)
+	$(GO) vet -tags faults $(PKGS)
 
 staticcheck:
-	$(GO) run $(STATICCHECK) $(PKGS)
+	$(GO) run $(STATICCHECK) -tags faults $(PKGS)
+
+# test-faults runs the end-to-end fault suite (build tag faults): the llmgw
+# binary as gateway and simulator child processes on 127.0.0.1, plus Docker
+# containers for the network partition test (skipped without a daemon,
+# a failure under CI=true). See RELIABILITY.md.
+test-faults:
+	$(GO) test -tags faults -count=1 -timeout 10m ./reliability/...
+
+# soak drives 1000 req/s of mixed traffic through a gateway and three
+# simulators for SOAK_DURATION and writes reliability/soak-report/. Not in CI.
+SOAK_DURATION ?= 30m
+soak:
+	$(GO) run ./reliability/soak -duration $(SOAK_DURATION) -rps 1000 -out reliability/soak-report
 
 # Benchmarks are never part of `make test`; results go to BENCHMARKS.md.
 bench:
