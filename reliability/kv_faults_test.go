@@ -140,11 +140,14 @@ func TestKVInventoryResync(t *testing.T) {
 		// publisher's socket closed and reopened, and the subscriber
 		// learns of the restart from the replay buffer on reconnecting.
 		quiet bool
+		// repaired: the lost batches are still in the publisher's replay
+		// buffer, so the subscriber fills the gap and nothing is cleared.
+		repaired bool
 	}{
 		{name: "publisher restart, engine keeps serving", fault: simFault(map[string]any{"restart_publisher": true}),
 			reasons: []string{"publisher_restart", "regression"}, quiet: true},
 		{name: "sequence gap", fault: simFault(map[string]any{"seq_gap": 5}), reasons: []string{"gap"}},
-		{name: "dropped event batches", fault: simFault(map[string]any{"drop_events": 2}), reasons: []string{"gap"}},
+		{name: "dropped event batches repaired from the replay buffer", fault: simFault(map[string]any{"drop_events": 2}), repaired: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -196,7 +199,7 @@ func TestKVInventoryResync(t *testing.T) {
 				r := send(kvChat(system, "question right after the fault"))
 				t.Logf("right after the fault: routed to %s as %q", r.endpoint, r.route)
 			}
-			n := 0
+			n := 0 // direct requests to the faulted engine
 			if tc.quiet {
 				took := eventually(t, 10*time.Second, "a resync of "+x+" with no new events", func() bool {
 					_, rs, _ := readInventory(t, g, "kv").endpoint(x)
@@ -204,35 +207,72 @@ func TestKVInventoryResync(t *testing.T) {
 				})
 				t.Logf("restart noticed %v after the fault, before any new event", took.Round(time.Millisecond))
 			}
-			// Otherwise the stream's discontinuity shows when the engine
-			// next publishes: keep it busy directly with unrelated prompts
-			// (no shared blocks with the warm prompt), as live traffic would.
 			direct := newClient(t, 10*time.Second)
-			eventually(t, 10*time.Second, "a resync of "+x, func() bool {
-				_, rs, _ := readInventory(t, g, "kv").endpoint(x)
-				if rs > resyncs0 {
-					return true
-				}
-				n++
+			directChat := func(n int) harness.Receipt {
 				r := chat(t.Context(), direct, sims[x].URL(), fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"unrelated zebra log line %d with enough words to fill a block or two of tokens"}]}`, n))
 				if r.failed() {
 					t.Fatalf("direct request: %d %v", r.status, r.err)
 				}
-				return false
-			})
-			after := readInventory(t, g, "kv")
-			_, _, reason := after.endpoint(x)
-			if !slices.Contains(tc.reasons, reason) {
-				t.Errorf("last resync reason %q; want one of %q", reason, tc.reasons)
-			}
-			kept := 0
-			for k := range after.keys(x) {
-				if warmKeys[k] {
-					kept++
+				rs, err := sims[x].Receipts(t.Context())
+				if err != nil || len(rs) == 0 {
+					t.Fatalf("receipts: %v", err)
 				}
+				return rs[len(rs)-1]
 			}
-			if kept != 0 {
-				t.Errorf("%d of the %d pre-fault blocks of %s survived the resync; want the inventory cleared", kept, len(warmKeys), x)
+			var reason string
+			if tc.repaired {
+				// Three batches, the first two lost on the wire: the third
+				// reveals the gap and the replay restores the two.
+				blocks0, _, _ := before.endpoint(x)
+				want := blocks0
+				for i := range 3 {
+					want += directChat(i).PromptTokens / kvBlock
+					n++
+				}
+				eventually(t, 10*time.Second, "the lost batches' blocks in the inventory", func() bool {
+					b, _, _ := readInventory(t, g, "kv").endpoint(x)
+					return b >= want
+				})
+				after := readInventory(t, g, "kv")
+				_, rs, _ := after.endpoint(x)
+				kept := 0
+				for k := range after.keys(x) {
+					if warmKeys[k] {
+						kept++
+					}
+				}
+				if rs != resyncs0 || kept != len(warmKeys) {
+					t.Errorf("a repaired gap: %d resyncs (want %d), %d of %d pre-fault blocks kept (want all)", rs, resyncs0, kept, len(warmKeys))
+				}
+				reason = "none (gap repaired)"
+			} else {
+				// The stream's discontinuity shows when the engine next
+				// publishes (unless already noticed): keep it busy directly
+				// with unrelated prompts (no shared blocks with the warm
+				// prompt), as live traffic would.
+				eventually(t, 10*time.Second, "a resync of "+x, func() bool {
+					_, rs, _ := readInventory(t, g, "kv").endpoint(x)
+					if rs > resyncs0 {
+						return true
+					}
+					n++
+					directChat(n)
+					return false
+				})
+				after := readInventory(t, g, "kv")
+				_, _, reason = after.endpoint(x)
+				if !slices.Contains(tc.reasons, reason) {
+					t.Errorf("last resync reason %q; want one of %q", reason, tc.reasons)
+				}
+				kept := 0
+				for k := range after.keys(x) {
+					if warmKeys[k] {
+						kept++
+					}
+				}
+				if kept != 0 {
+					t.Errorf("%d of the %d pre-fault blocks of %s survived the resync; want the inventory cleared", kept, len(warmKeys), x)
+				}
 			}
 			// The warm prompt again: wherever it goes, no phantom hit
 			// (checked below for every request of the test).
@@ -254,7 +294,7 @@ func TestKVInventoryResync(t *testing.T) {
 			if hits := checkNoPhantomHits(t, all, sims); hits < 2 {
 				t.Errorf("only %d kv-exact hits checked; want the warm follow-up and the rebuilt one", hits)
 			}
-			t.Logf("%s on %s: resync %q after %d direct requests; %d pre-fault blocks dropped; %d requests checked for phantom hits", tc.name, x, reason, n, len(warmKeys), len(all))
+			t.Logf("%s on %s: resync %q after %d direct requests; %d pre-fault blocks; %d requests checked for phantom hits", tc.name, x, reason, n, len(warmKeys), len(all))
 		})
 	}
 }
