@@ -308,7 +308,8 @@ func (s *state) buildRule(name string) *rule.Rule {
 func (s *state) apply(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
 	led := ledgerOf(r)
-	if o.GatewayAdmin == "" {
+	adminBase := o.GatewayAdmin
+	if adminBase == "" {
 		dir, err := os.MkdirTemp("", "llmgw-runbook-gw-")
 		if err != nil {
 			return runbook.Fail("GATEWAY_START_FAILED", "state dir: %v", err)
@@ -334,9 +335,9 @@ func (s *state) apply(ctx context.Context, r *runbook.Run) runbook.Outcome {
 			return runbook.Fail("GATEWAY_START_FAILED", "%v", err)
 		}
 		s.gw = gw
-		o.GatewayAdmin = "http://" + gw.AdminAddr()
+		adminBase = "http://" + gw.AdminAddr()
 	}
-	admin, err := runbook.NewAdmin(o.GatewayAdmin, o.GatewayToken, s.client)
+	admin, err := runbook.NewAdmin(adminBase, o.GatewayToken, s.client)
 	if err != nil {
 		return runbook.Fail("GATEWAY_URL", "%v", err)
 	}

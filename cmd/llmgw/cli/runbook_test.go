@@ -198,6 +198,25 @@ func TestCleanupCommandTwice(t *testing.T) {
 	if code != ExitOK || !strings.Contains(out2, "nothing to clean up") {
 		t.Errorf("second cleanup: exit %d, stdout %q, stderr %q; want 0 and nothing to clean up", code, out2, errOut)
 	}
+	// --all walks every ledger; an unreachable docker daemon is reported,
+	// not fatal, when no ledger lists a container.
+	apply("rb-owned-2")
+	led2, err := runbook.OpenLedger(out, runID+"-2", results.LauncherSim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := led2.Update(func(s *runbook.LedgerState) {
+		s.Rules = append(s.Rules, runbook.OwnedRule{Admin: "http://" + gw.AdminAddr(), Name: "rb-owned-2"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	code, out3, errOut := runCLI(t, false, "cleanup", "--all", "--out", out, "--docker-host", "unix:///nonexistent/llmgw-test.sock")
+	if code != ExitOK || !strings.Contains(out3, "removed: 1 rules") {
+		t.Errorf("cleanup --all: exit %d, stdout %q, stderr %q", code, out3, errOut)
+	}
+	if _, err := gw.Rule("rb-owned-2"); err == nil {
+		t.Errorf("owned rule rb-owned-2 still present after --all")
+	}
 	for _, bad := range [][]string{{"cleanup"}, {"cleanup", "--run", "x", "--all"}, {"cleanup", "--run", "../etc"}} {
 		if code, _, _ := runCLI(t, false, append(bad, "--out", out)...); code != ExitUsage {
 			t.Errorf("%v: exit %d; want %d", bad, code, ExitUsage)
