@@ -3,6 +3,7 @@ package converged
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +78,39 @@ func TestPassPathOnSims(t *testing.T) {
 				t.Log(stepLine(rep))
 			}
 		})
+	}
+}
+
+// TestTamperedEvidenceIsCaught: a run's evidence is content-addressed; a
+// changed byte is reported by results verify.
+func TestTamperedEvidenceIsCaught(t *testing.T) {
+	o := &Options{Mode: "rr", Workers: 2, Launcher: &launcher.Sim{}, HealthTimeout: 10 * time.Second, ReadyTimeout: 10 * time.Second}
+	rep, store, _ := run(t, t.Context(), o)
+	if vr, err := store.Verify(rep.Summary.ID); err != nil || !vr.OK() {
+		t.Fatalf("fresh run does not verify: %v %v", err, vr.Problems())
+	}
+	var target string
+	for _, st := range rep.Steps {
+		if st.Name == StepDeliver && len(st.Evidence) > 0 {
+			target = st.Evidence[0]
+		}
+	}
+	if target == "" {
+		t.Fatal("delivery step left no evidence")
+	}
+	p := filepath.Join(store.RunDir(rep.Summary.ID), filepath.FromSlash(target))
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, append(b, ' '), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	vr, err := store.Verify(rep.Summary.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vr.OK() || len(vr.Changed) != 1 || vr.Changed[0] != target {
+		t.Errorf("verify after tampering: changed %v; want [%s]", vr.Changed, target)
 	}
 }
