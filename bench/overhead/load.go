@@ -149,19 +149,49 @@ func (w *workerStats) record(c *fasthttp.HostClient, addr string, body []byte, s
 	w.lat = append(w.lat, lat)
 }
 
-// load runs the warm-up and then the measured load against addr, bounded
-// by cfg.Duration and cfg.MaxRequests, and stops early when ctx ends.
-func load(ctx context.Context, cfg Config, addr string, body []byte) TargetResult {
-	conns := cfg.Concurrency
-	c := newClient(addr, conns, cfg.Stream)
-	defer c.CloseIdleConnections()
-	c.ReadTimeout, c.WriteTimeout = 30*time.Second, 30*time.Second
+// samples accumulates one target's raw measurements over its slices.
+type samples struct {
+	lat, chunks []time.Duration
+	ok, errs    int
+	dropped     int
+	bytes       int64
+	wall        time.Duration
+	firstErr    string
+	warmed      bool
+	client      *fasthttp.HostClient
+}
 
-	// Warm-up: open the connections and let every layer reach its steady
-	// state (pools, buffers) before anything is measured.
-	var warm workerStats
-	for i := 0; i < cfg.Warmup && ctx.Err() == nil; i++ {
-		warm.record(c, addr, body, cfg.Stream, false, time.Now())
+// result summarises the samples.
+func (s *samples) result() TargetResult {
+	res := TargetResult{Wall: s.wall, Dropped: s.dropped, Requests: s.ok, Errors: s.errs, FirstError: s.firstErr}
+	res.Latency = loadgen.Summarize(s.lat)
+	res.Chunks = loadgen.Summarize(s.chunks)
+	if s.ok > 0 {
+		res.ResponseBytes = int(s.bytes / int64(s.ok))
+	}
+	if s.wall > 0 {
+		res.Throughput = float64(s.ok) / s.wall.Seconds()
+	}
+	return res
+}
+
+// load runs one slice of load (at most d, and at most budget requests)
+// against addr, adding to acc; the first slice starts with the warm-up. It
+// stops early when ctx ends.
+func load(ctx context.Context, cfg Config, addr string, body []byte, acc *samples, d time.Duration, budget int) {
+	if acc.client == nil {
+		acc.client = newClient(addr, cfg.Concurrency, cfg.Stream)
+		acc.client.ReadTimeout, acc.client.WriteTimeout = 30*time.Second, 30*time.Second
+	}
+	c := acc.client
+	if !acc.warmed {
+		// Warm-up: open the connections and let every layer reach its
+		// steady state (pools, buffers) before anything is measured.
+		acc.warmed = true
+		var warm workerStats
+		for i := 0; i < cfg.Warmup && ctx.Err() == nil; i++ {
+			warm.record(c, addr, body, cfg.Stream, false, time.Now())
+		}
 	}
 
 	stats := make([]*workerStats, cfg.Concurrency)
@@ -169,7 +199,7 @@ func load(ctx context.Context, cfg Config, addr string, body []byte) TargetResul
 		stats[i] = &workerStats{}
 	}
 	var dropped atomic.Int64
-	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	runCtx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -179,7 +209,7 @@ func load(ctx context.Context, cfg Config, addr string, body []byte) TargetResul
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for runCtx.Err() == nil && issued.Add(1) <= int64(cfg.MaxRequests) {
+				for runCtx.Err() == nil && issued.Add(1) <= int64(budget) {
 					st.record(c, addr, body, cfg.Stream, true, time.Now())
 				}
 			}()
@@ -205,7 +235,7 @@ func load(ctx context.Context, cfg Config, addr string, body []byte) TargetResul
 		interval := time.Second / time.Duration(cfg.RPS)
 		sent := 0
 	schedule:
-		for sent < cfg.MaxRequests {
+		for sent < budget {
 			next := start.Add(time.Duration(sent) * interval)
 			if wait := time.Until(next); wait > 0 {
 				t := time.NewTimer(wait)
@@ -228,28 +258,16 @@ func load(ctx context.Context, cfg Config, addr string, body []byte) TargetResul
 		close(due)
 	}
 	wg.Wait()
-	wall := time.Since(start)
-
-	res := TargetResult{Wall: wall, Dropped: int(dropped.Load())}
-	var lat, chunks []time.Duration
-	var bytes int64
+	acc.wall += time.Since(start)
+	acc.dropped += int(dropped.Load())
 	for _, st := range stats {
-		lat = append(lat, st.lat...)
-		chunks = append(chunks, st.chunks...)
-		res.Requests += st.ok
-		res.Errors += st.errs
-		bytes += st.bytes
-		if st.firstErr != nil && res.FirstError == "" {
-			res.FirstError = st.firstErr.Error()
+		acc.lat = append(acc.lat, st.lat...)
+		acc.chunks = append(acc.chunks, st.chunks...)
+		acc.ok += st.ok
+		acc.errs += st.errs
+		acc.bytes += st.bytes
+		if st.firstErr != nil && acc.firstErr == "" {
+			acc.firstErr = st.firstErr.Error()
 		}
 	}
-	res.Latency = loadgen.Summarize(lat)
-	res.Chunks = loadgen.Summarize(chunks)
-	if res.Requests > 0 {
-		res.ResponseBytes = int(bytes / int64(res.Requests))
-	}
-	if wall > 0 {
-		res.Throughput = float64(res.Requests) / wall.Seconds()
-	}
-	return res
 }

@@ -70,6 +70,10 @@ type Config struct {
 	Concurrency int
 	// Duration bounds each target's measured load (10ms..10m).
 	Duration time.Duration
+	// Slice, when > 0, interleaves the targets: each measures for Slice in
+	// turn until it has its Duration (or MaxRequests). 0 runs each target's
+	// whole load at once, one after the other.
+	Slice time.Duration
 	// MaxRequests bounds each target's measured requests (1..10000000).
 	MaxRequests int
 	// Warmup requests are sent to each target first and not measured.
@@ -115,6 +119,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: duration must be 10ms..10m, got %v", ErrParams, c.Duration)
 	case c.MaxRequests < 1 || c.MaxRequests > 10_000_000:
 		return fmt.Errorf("%w: max requests must be 1..10000000, got %d", ErrParams, c.MaxRequests)
+	case c.Slice < 0:
+		return fmt.Errorf("%w: slice must not be negative, got %v", ErrParams, c.Slice)
 	case c.Warmup < 0:
 		return fmt.Errorf("%w: warmup must not be negative, got %d", ErrParams, c.Warmup)
 	case c.PromptBytes < 1 || c.PromptBytes > 1<<20:
@@ -192,6 +198,7 @@ type Report struct {
 	RPS            int            `json:"rps,omitempty"`
 	Concurrency    int            `json:"concurrency"`
 	Duration       time.Duration  `json:"duration_ns"`
+	Slice          time.Duration  `json:"slice_ns"`
 	MaxRequests    int            `json:"max_requests"`
 	Stream         bool           `json:"stream"`
 	PromptBytes    int            `json:"prompt_bytes"`
@@ -225,7 +232,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Model == "" {
 		cfg.Model = "m"
 	}
-	rep := &Report{Mode: cfg.Mode, Concurrency: cfg.Concurrency, Duration: cfg.Duration, MaxRequests: cfg.MaxRequests,
+	rep := &Report{Mode: cfg.Mode, Concurrency: cfg.Concurrency, Duration: cfg.Duration, Slice: cfg.Slice, MaxRequests: cfg.MaxRequests,
 		Stream: cfg.Stream, PromptBytes: cfg.PromptBytes, DecodePerToken: cfg.DecodePerToken, Upstream: cfg.Upstream,
 		Started: time.Now().UTC()}
 	if cfg.Mode == OpenLoop {
@@ -288,21 +295,53 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("%w: %s at %s: %w", ErrUnreachable, t.name, t.addr, err)
 		}
 	}
-	for _, t := range targets {
+	// Targets take turns in slices of cfg.Slice (the whole Duration when
+	// 0), so a change in the machine's background load during the run
+	// falls on every target alike rather than on whichever ran then.
+	slice := cfg.Slice
+	if slice <= 0 || slice > cfg.Duration {
+		slice = cfg.Duration
+	}
+	accs := make([]*samples, len(targets))
+	for i := range accs {
+		accs[i] = &samples{}
+	}
+	defer func() {
+		for _, a := range accs {
+			if a.client != nil {
+				a.client.CloseIdleConnections()
+			}
+		}
+	}()
+	for round := 0; ctx.Err() == nil; round++ {
+		progressed := false
+		for i, t := range targets {
+			a := accs[i]
+			if t.skipped != "" || a.wall >= cfg.Duration || a.ok+a.errs >= cfg.MaxRequests || ctx.Err() != nil {
+				continue
+			}
+			if round == 0 && cfg.Progress != nil {
+				cfg.Progress(t.name)
+			}
+			d := min(slice, cfg.Duration-a.wall)
+			load(ctx, cfg, t.addr, body, a, d, cfg.MaxRequests-a.ok-a.errs)
+			progressed = true
+		}
+		if !progressed {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		rep.Partial = true
+	}
+	for i, t := range targets {
 		if t.skipped != "" {
 			rep.Results = append(rep.Results, TargetResult{Target: t.name, Skipped: t.skipped})
 			continue
 		}
-		if cfg.Progress != nil {
-			cfg.Progress(t.name)
-		}
-		res := load(ctx, cfg, t.addr, body)
+		res := accs[i].result()
 		res.Target = t.name
 		rep.Results = append(rep.Results, res)
-		if ctx.Err() != nil {
-			rep.Partial = true
-			break
-		}
 	}
 	if d := rep.Result(Direct); d != nil {
 		for i := range rep.Results {

@@ -49,6 +49,7 @@ func TestShortRunOnLoopback(t *testing.T) {
 		{"open loop", func(c *Config) { c.Mode = OpenLoop }},
 		{"streaming", func(c *Config) { c.Stream = true; c.DecodePerToken = 50 * time.Microsecond; c.MaxRequests = 40 }},
 		{"with reference proxies", func(c *Config) { c.Targets = AllTargets(); c.MaxRequests = 60 }},
+		{"interleaved slices", func(c *Config) { c.Slice = 50 * time.Millisecond; c.MaxRequests = 1000 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -106,6 +107,7 @@ func TestValidate(t *testing.T) {
 		{"too long", func(c *Config) { c.Duration = time.Hour }, "duration must be"},
 		{"no requests", func(c *Config) { c.MaxRequests = 0 }, "max requests must be"},
 		{"negative warmup", func(c *Config) { c.Warmup = -1 }, "warmup"},
+		{"negative slice", func(c *Config) { c.Slice = -time.Second }, "slice must not be negative"},
 		{"empty prompt", func(c *Config) { c.PromptBytes = 0 }, "prompt bytes"},
 		{"unknown target", func(c *Config) { c.Targets = []string{"envoy"} }, "unknown target \"envoy\""},
 		{"remote upstream", func(c *Config) { c.Upstream = "10.0.0.1:8000" }, "loopback only"},
@@ -222,7 +224,7 @@ func TestMarkdownGolden(t *testing.T) {
 	lat := func(p50, p99 time.Duration) loadgen.Summary {
 		return loadgen.Summary{Count: 1000, Mean: p50, P50: p50, P90: p99, P99: p99, Max: p99}
 	}
-	rep := &Report{Mode: OpenLoop, RPS: 5000, Concurrency: 64, Duration: 5 * time.Second, MaxRequests: 100000, PromptBytes: 900,
+	rep := &Report{Mode: OpenLoop, RPS: 5000, Concurrency: 64, Duration: 5 * time.Second, Slice: time.Second, MaxRequests: 100000, PromptBytes: 900,
 		Upstream: "sim 127.0.0.1:1", Started: time.Date(2026, 11, 30, 1, 0, 0, 0, time.UTC),
 		Results: []TargetResult{
 			{Target: Direct, Requests: 25000, Throughput: 5000, Latency: lat(80*time.Microsecond, 300*time.Microsecond), ResponseBytes: 610},

@@ -33,6 +33,9 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 		kind = fmt.Sprintf("streaming (decode %v/token)", r.DecodePerToken)
 	}
 	fmt.Fprintf(&b, "%s, %s, %d-byte prompts, ≤ %v or %d requests per target, upstream %s", load, kind, r.PromptBytes, r.Duration, r.MaxRequests, r.Upstream)
+	if r.Slice > 0 {
+		fmt.Fprintf(&b, ", targets interleaved in %v slices", r.Slice)
+	}
 	if r.Partial {
 		b.WriteString(" — **partial: interrupted**")
 	}

@@ -45,6 +45,7 @@ type BenchOverheadOptions struct {
 	RPS            int
 	Concurrency    int
 	Duration       time.Duration
+	Slice          time.Duration
 	Requests       int
 	Warmup         int
 	Stream         bool
@@ -76,7 +77,7 @@ from each request's scheduled time; sends are dropped and counted when
 --concurrency clients busy. --stream sends streaming requests and also
 reports when SSE chunks arrive, and the added latency per chunk.
 
-Each target gets at most --duration and --requests. Every target is probed
+Each target gets at most --duration and --requests, in turns of --slice. Every target is probed
 with one request before any load is sent; an unreachable one ends the run.`,
 		Example: `  llmgw bench overhead --mode open --rps 5000 --duration 10s
   llmgw bench overhead --mode closed --concurrency 32 --stream --decode-per-token 200us
@@ -94,6 +95,7 @@ with one request before any load is sent; an unreachable one ends the run.`,
 	f.IntVar(&opts.RPS, "rps", 5000, "open loop: requests per second")
 	f.IntVar(&opts.Concurrency, "concurrency", 32, "closed loop: clients; open loop: most outstanding requests")
 	f.DurationVar(&opts.Duration, "duration", 5*time.Second, "longest measured load per target")
+	f.DurationVar(&opts.Slice, "slice", time.Second, "targets take turns in slices this long, so background load hits all alike (0: one target after the other)")
 	f.IntVar(&opts.Requests, "requests", 100000, "most measured requests per target")
 	f.IntVar(&opts.Warmup, "warmup", 500, "unmeasured requests sent to each target first")
 	f.BoolVar(&opts.Stream, "stream", false, "streaming requests; also report per-chunk arrival")
@@ -109,7 +111,7 @@ with one request before any load is sent; an unreachable one ends the run.`,
 }
 
 func (o *BenchOverheadOptions) config() (overhead.Config, error) {
-	cfg := overhead.Config{Mode: overhead.Mode(o.Mode), RPS: o.RPS, Concurrency: o.Concurrency, Duration: o.Duration,
+	cfg := overhead.Config{Mode: overhead.Mode(o.Mode), RPS: o.RPS, Concurrency: o.Concurrency, Duration: o.Duration, Slice: o.Slice,
 		MaxRequests: o.Requests, Warmup: o.Warmup, Stream: o.Stream, PromptBytes: o.PromptBytes, MaxTokens: o.MaxTokens,
 		DecodePerToken: o.DecodePerToken, Upstream: o.Upstream, Model: o.Model}
 	for _, t := range strings.Split(o.Targets, ",") {

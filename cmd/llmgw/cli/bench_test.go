@@ -38,7 +38,7 @@ func TestBenchFlags(t *testing.T) {
 		check func(*BenchOverheadOptions, *BenchRoutingOptions) string
 	}{
 		{"overhead defaults", "bench overhead", func(o *BenchOverheadOptions, _ *BenchRoutingOptions) string {
-			if o.Mode != "closed" || o.RPS != 5000 || o.Concurrency != 32 || o.Duration != 5*time.Second || o.Targets != "llmgw,llmgw-proc,nginx,haproxy" || o.Stream {
+			if o.Mode != "closed" || o.RPS != 5000 || o.Concurrency != 32 || o.Duration != 5*time.Second || o.Slice != time.Second || o.Targets != "llmgw,llmgw-proc,nginx,haproxy" || o.Stream {
 				return "defaults"
 			}
 			return ""
@@ -107,6 +107,7 @@ func TestBenchBadInput(t *testing.T) {
 		{"overhead remote upstream", "bench overhead --upstream 192.0.2.1:80", ExitUsage, "loopback only"},
 		{"overhead bad format", "bench overhead --format yaml", ExitUsage, `--format "yaml"`},
 		{"overhead bad duration syntax", "bench overhead --duration soon", ExitUsage, "invalid argument"},
+		{"overhead negative slice", "bench overhead --slice -1s", ExitUsage, "slice must not be negative"},
 		{"routing unknown workload", "bench routing --workload chat", ExitUsage, `unknown workload "chat"`},
 		{"routing unknown policy", "bench routing --policies rr,random", ExitUsage, `unknown policy "random"`},
 		{"routing zero requests", "bench routing --requests 0", ExitUsage, "requests must be at least 1"},
