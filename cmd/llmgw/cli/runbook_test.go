@@ -106,6 +106,9 @@ func TestRunbookConvergedExitCodes(t *testing.T) {
 		{"llamacpp chwbl pass", context.Background(), []string{"--engine", "llamacpp", "--mode", "chwbl", "--workers", "2"}, ExitOK, "\tPASS\t"},
 		{"known blocked tuple", context.Background(), []string{"--engine", "trtllm", "--profile", "gemma-2-9b-it"}, ExitBlocked, "architecture_unsupported"},
 		{"interrupted", cancelled, nil, ExitCancelled, "NOT_RUN"},
+		{"attached worker never healthy", context.Background(), []string{"--launcher", "attach", "--endpoints", "127.0.0.1:1", "--mode", "rr", "--health-timeout", "300ms"}, ExitFail, "ENGINE_NOT_READY"},
+		// BLOCKED either way: image_unavailable with a daemon, no_docker without.
+		{"docker image absent", context.Background(), []string{"--launcher", "docker", "--image-override", "vllm=llmgw-absent-image:never"}, ExitBlocked, "launch workers\tBLOCKED"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
