@@ -47,6 +47,7 @@ import (
 	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
+	"github.com/llmgw/llmgw/runbook/gates"
 )
 
 // Modes are the routing modes the runbook qualifies.
@@ -186,20 +187,33 @@ func Runbook(o *Options) runbook.Runbook {
 			return fn(ctx, r)
 		})
 	}
-	return runbook.Runbook{
-		Name: "converged",
-		Steps: []runbook.Step{
-			step(StepSelect, s.selectTuple),
-			step(StepLaunch, s.launch),
-			step(StepDirect, s.direct),
-			step(StepApply, s.apply),
-			step(StepReadBack, s.readBack),
-			step(StepDeliver, s.deliver),
-			step(StepRouting, s.routing),
-			step(StepDrain, s.drain),
-		},
-		CleanupStep: StepCleanup,
+	steps := []runbook.Step{
+		step(StepSelect, s.selectTuple),
+		step(StepLaunch, s.launch),
+		step(StepDirect, s.direct),
+		step(StepApply, s.apply),
+		step(StepReadBack, s.readBack),
+		step(StepDeliver, s.deliver),
 	}
+	if o.Mode == "exact" {
+		// The hash-parity gate: a canary's block hashes, computed as the
+		// gateway does, must appear among those the worker publishes, and a
+		// red arm with one token flipped must miss. It is optional (a
+		// parity miss does not block the routing step, which records what
+		// it sees) and speaks for the HashParity lane.
+		steps = append(steps, gates.Step(func(r *runbook.Run) (gates.Target, error) {
+			if o.StepHook != nil {
+				o.StepHook(gates.StepHashParity)
+			}
+			if s.admin == nil || s.ruleName == "" {
+				return gates.Target{}, fmt.Errorf("converged: no rule applied in run %s", r.ID)
+			}
+			return gates.Target{AdminBase: s.admin.Base(), AdminToken: o.GatewayToken, Rule: s.ruleName,
+				DataAddr: s.dataAddr, Chat: s.chat(), Nonce: r.ID, Timeout: o.ReadyTimeout}, nil
+		}))
+	}
+	steps = append(steps, step(StepRouting, s.routing), step(StepDrain, s.drain))
+	return runbook.Runbook{Name: "converged", Steps: steps, CleanupStep: StepCleanup}
 }
 
 // Execute runs the converged runbook into store with progress reporting,

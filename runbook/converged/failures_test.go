@@ -22,6 +22,7 @@ import (
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
+	"github.com/llmgw/llmgw/runbook/gates"
 	"github.com/llmgw/llmgw/runbook/launcher"
 )
 
@@ -132,7 +133,9 @@ func TestFailureClassesLandOnTheirStep(t *testing.T) {
 			opts: func() *Options {
 				return &Options{Mode: "exact", Launcher: &launcher.Sim{HashSeed: "7"}, ReadyTimeout: 3 * time.Second}
 			},
-			wantStep: StepRouting, wantCode: []string{"ROUTING_NO_KV_HIT", "ROUTING_NOT_ON_WARMED", "CACHE_NOT_REUSED", "ROUTING_NO_INVENTORY"},
+			// The hash-parity gate fails first; it is optional, so routing
+			// still runs and fails too (checked below).
+			wantStep: gates.StepHashParity, wantCode: []string{"HASH_PARITY_MISS"},
 		},
 		{
 			name: "known-blocked tuple",
@@ -173,6 +176,17 @@ func TestFailureClassesLandOnTheirStep(t *testing.T) {
 				case st.Name == StepCleanup:
 					if st.Status != results.StatusPass {
 						t.Errorf("cleanup = %s %s; want PASS", st.Status, st.Reason)
+					}
+				case seen && tc.wantStep == gates.StepHashParity:
+					// After a parity miss the routing evidence must see no
+					// KV hit and fail (it is required, so the drain after it
+					// is blocked by it).
+					want, code := results.StatusFail, ""
+					if st.Name != StepRouting {
+						want, code = results.StatusBlocked, runbook.BlockedByCode(StepRouting)
+					}
+					if st.Status != want || (code != "" && st.ReasonCode != code) {
+						t.Errorf("step %q after a parity miss = %s %s; want %s", st.Name, st.Status, st.ReasonCode, want)
 					}
 				case !seen:
 					if st.Status != results.StatusPass {

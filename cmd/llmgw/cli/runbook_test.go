@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -121,7 +122,7 @@ func TestRunbookConvergedExitCodes(t *testing.T) {
 			if !strings.Contains(stdout.String(), tc.wantOut) {
 				t.Errorf("stdout = %s; want it to contain %q", stdout, tc.wantOut)
 			}
-			if !strings.Contains(stderr.String(), "[9/9] cleanup") {
+			if !regexp.MustCompile(`\[(\d+)/(\d+)\] cleanup`).MatchString(stderr.String()) || !cleanupIsLast(stderr.String()) {
 				t.Errorf("progress on stderr lacks the cleanup step:\n%s", stderr)
 			}
 			// Every run, whatever its verdict, is recorded and verifiable.
@@ -235,4 +236,15 @@ func TestRunbookHelpGolden(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	goldenFile(t, "runbook-converged-help.txt", []byte(out))
+}
+
+// cleanupIsLast reports whether the progress shows the cleanup as the last
+// step ([n/n] cleanup).
+func cleanupIsLast(progress string) bool {
+	for _, m := range regexp.MustCompile(`\[(\d+)/(\d+)\] cleanup`).FindAllStringSubmatch(progress, -1) {
+		if m[1] == m[2] {
+			return true
+		}
+	}
+	return false
 }
