@@ -4,36 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"flag"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
+
+	"github.com/llmgw/llmgw/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
-
-// golden compares got with testdata/name, or rewrites it under -update.
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("reading golden %s (run with -update to create it): %v", path, err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the golden file (run with -update after checking):\ngot:\n%s\nwant:\n%s", name, got, want)
-	}
-}
 
 func mustLoad(t *testing.T) *Catalog {
 	t.Helper()
@@ -79,7 +57,7 @@ func TestEmbeddedCatalogLoads(t *testing.T) {
 			if err := enc.Encode(p); err != nil {
 				t.Fatal(err)
 			}
-			golden(t, p.ID+".json", buf.Bytes())
+			golden.File(t, p.ID+".json", buf.Bytes())
 		})
 	}
 }

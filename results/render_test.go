@@ -3,33 +3,12 @@ package results
 import (
 	"bytes"
 	"encoding/xml"
-	"flag"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
-
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("reading golden %s (run with -update to create it): %v", path, err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the golden file (run with -update after checking):\ngot:\n%s\nwant:\n%s", name, got, want)
-	}
-}
 
 var t0 = time.Date(2026, 11, 30, 1, 0, 0, 0, time.UTC)
 
@@ -80,7 +59,7 @@ func TestRenderersGolden(t *testing.T) {
 			if err := Render(&b, tc.format, fixtureRows()); err != nil {
 				t.Fatalf("Render(%s) error = %v", tc.format, err)
 			}
-			golden(t, tc.file, b.Bytes())
+			golden.File(t, tc.file, b.Bytes())
 		})
 	}
 }
@@ -249,7 +228,7 @@ func TestRunDetailGolden(t *testing.T) {
 			if err := WriteRunDetail(&b, run, tty); err != nil {
 				t.Fatal(err)
 			}
-			golden(t, name, b.Bytes())
+			golden.File(t, name, b.Bytes())
 		})
 	}
 }

@@ -4,19 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/llmgw/llmgw/internal/golden"
 	"github.com/llmgw/llmgw/results"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
@@ -40,24 +36,6 @@ func newWriter(t *testing.T, id string) (*results.Store, *results.RunWriter) {
 		t.Fatal(err)
 	}
 	return store, w
-}
-
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	p := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(p, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("golden %s: %v (run with -update)", p, err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs (run with -update after checking):\ngot:\n%s\nwant:\n%s", name, got, want)
-	}
 }
 
 // script builds a runbook whose steps return fixed outcomes and log the
@@ -216,7 +194,7 @@ func TestProgressGolden(t *testing.T) {
 			if err := results.WriteRunDetail(&buf, run, tty); err != nil {
 				t.Fatal(err)
 			}
-			golden(t, name, buf.Bytes())
+			golden.File(t, name, buf.Bytes())
 		})
 	}
 }

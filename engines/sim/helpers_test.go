@@ -1,22 +1,17 @@
 package sim
 
 import (
-	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files under testdata/golden")
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -115,28 +110,6 @@ func do(t testing.TB, c *http.Client, method, url, body string, headers ...strin
 	defer resp.Body.Close()
 	b, rerr := io.ReadAll(resp.Body)
 	return httpResult{status: resp.StatusCode, header: resp.Header, body: b, err: rerr}
-}
-
-// golden compares got with testdata/golden/name, rewriting it with -update.
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", "golden", name)
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden %s (run with -update to create): %v", path, err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s mismatch\n got: %s\nwant: %s", name, got, want)
-	}
 }
 
 // waitFor polls cond every few milliseconds until it holds or the deadline

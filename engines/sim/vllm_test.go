@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/internal/golden"
 )
 
 // conformanceCase is one request whose exact response bytes are pinned in a
@@ -38,7 +39,7 @@ func runConformance(t *testing.T, prefix string, s *Sim, cases []conformanceCase
 			if ct := res.header.Get("Content-Type"); tc.wantCT != "" && !strings.HasPrefix(ct, tc.wantCT) {
 				t.Errorf("Content-Type: got %q, want prefix %q", ct, tc.wantCT)
 			}
-			golden(t, prefix+"_"+tc.name, res.body)
+			golden.File(t, "golden/"+prefix+"_"+tc.name, res.body)
 		})
 	}
 }

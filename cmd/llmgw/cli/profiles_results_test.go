@@ -1,11 +1,9 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"encoding/xml"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,32 +12,10 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/llmgw/llmgw/internal/golden"
 	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/results"
 )
-
-var updateGolden = flag.Bool("update", false, "rewrite the golden files in testdata/")
-
-func goldenFile(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *updateGolden {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("reading golden %s (run with -update to create it): %v", path, err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the golden file (run with -update after checking):\ngot:\n%s\nwant:\n%s", name, got, want)
-	}
-}
 
 // runCLI runs llmgw with args on test streams.
 func runCLI(t *testing.T, tty bool, args ...string) (ExitCode, string, string) {
@@ -80,7 +56,7 @@ func TestProfilesCommand(t *testing.T) {
 				t.Fatalf("exit code = %d; want %d; stderr: %s", code, tc.wantCode, errOut)
 			}
 			if tc.golden != "" {
-				goldenFile(t, tc.golden, []byte(out))
+				golden.File(t, tc.golden, []byte(out))
 			}
 			for _, w := range tc.wantOut {
 				if !strings.Contains(out, w) {
@@ -198,7 +174,7 @@ func TestResultsCommand(t *testing.T) {
 				t.Fatalf("exit code = %d; want %d; stderr: %s", code, tc.wantCode, errOut)
 			}
 			if tc.golden != "" {
-				goldenFile(t, tc.golden, []byte(out))
+				golden.File(t, tc.golden, []byte(out))
 			}
 			for _, w := range tc.wantOut {
 				if !strings.Contains(out, w) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
+	"github.com/llmgw/llmgw/internal/golden"
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
 )
@@ -235,7 +236,7 @@ func TestRunbookHelpGolden(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	goldenFile(t, "runbook-converged-help.txt", []byte(out))
+	golden.File(t, "runbook-converged-help.txt", []byte(out))
 }
 
 // cleanupIsLast reports whether the progress shows the cleanup as the last
