@@ -35,7 +35,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -48,6 +47,7 @@ import (
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
 	"github.com/llmgw/llmgw/runbook/gates"
+	"github.com/llmgw/llmgw/runbook/labkit"
 )
 
 // Modes are the routing modes the runbook qualifies.
@@ -124,13 +124,11 @@ func (o *Options) Validate() error {
 	if o.Workers == 0 {
 		o.Workers = DefaultWorkers
 	}
-	if o.Catalog == nil {
-		c, err := profiles.Load()
-		if err != nil {
-			return fmt.Errorf("converged: %w", err)
-		}
-		o.Catalog = c
+	c, err := labkit.LoadCatalog(o.Catalog)
+	if err != nil {
+		return fmt.Errorf("converged: %w", err)
 	}
+	o.Catalog = c
 	if !slices.Contains(profiles.Engines(), o.Engine) {
 		return fmt.Errorf("%w: unknown engine %q (valid: %s)", ErrInvalid, o.Engine, strings.Join(profiles.Engines(), ", "))
 	}
@@ -149,15 +147,7 @@ func (o *Options) Validate() error {
 	if o.Launcher == nil {
 		return fmt.Errorf("%w: no launcher", ErrInvalid)
 	}
-	if o.HealthTimeout <= 0 {
-		o.HealthTimeout = 60 * time.Second
-	}
-	if o.ReadyTimeout <= 0 {
-		o.ReadyTimeout = 20 * time.Second
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	labkit.FillDefaults(&o.HealthTimeout, &o.ReadyTimeout, &o.Logger)
 	return nil
 }
 
@@ -167,25 +157,14 @@ func (o *Options) Tuple() results.Tuple {
 		Engine: o.Engine, Profile: o.Profile, Topology: "converged", Mode: o.Mode,
 		Launcher: o.Launcher.Name(), SimulatedWorkers: o.Launcher.Simulated(), Workers: o.Workers,
 	}
-	if v, err := o.Catalog.Versions().For(o.Engine); err == nil {
-		t.EngineVersion = v.Version
-	}
-	if p, err := o.Catalog.Get(o.Profile); err == nil {
-		t.Model = p.Model.ServedName
-	}
-	return t
+	return labkit.CompleteTuple(o.Catalog, t)
 }
 
 // Runbook returns the converged runbook's steps for o (validated).
 func Runbook(o *Options) runbook.Runbook {
 	s := &state{o: o}
 	step := func(name string, fn func(context.Context, *runbook.Run) runbook.Outcome) runbook.Step {
-		return runbook.NewStep(name, func(ctx context.Context, r *runbook.Run) runbook.Outcome {
-			if o.StepHook != nil {
-				o.StepHook(name)
-			}
-			return fn(ctx, r)
-		})
+		return labkit.Hooked(o.StepHook, name, fn)
 	}
 	steps := []runbook.Step{
 		step(StepSelect, s.selectTuple),
@@ -230,15 +209,7 @@ func Execute(ctx context.Context, o *Options, store *results.Store, outDir strin
 // ExecuteInto runs the runbook into an existing run writer with runner rn
 // (tests pin its clock).
 func ExecuteInto(ctx context.Context, o *Options, w *results.RunWriter, outDir string, rn runbook.Runner) (runbook.Report, error) {
-	led, err := runbook.OpenLedger(outDir, w.ID(), o.Launcher.Name())
-	if err != nil {
-		return runbook.Report{}, err
-	}
-	rep, err := rn.Execute(ctx, Runbook(o), w, led)
-	if ferr := led.Finish(); ferr != nil {
-		err = errors.Join(err, ferr)
-	}
-	return rep, err
+	return labkit.ExecuteInto(ctx, Runbook(o), o.Launcher.Name(), w, outDir, rn)
 }
 
 // state is what the steps share within one run.
@@ -261,9 +232,4 @@ type state struct {
 
 	// routing results kept for the drain step and the lanes
 	warmID string
-}
-
-func ledgerOf(r *runbook.Run) *runbook.Ledger {
-	l, _ := r.Vars.(*runbook.Ledger)
-	return l
 }

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/runbook"
+	"github.com/llmgw/llmgw/runbook/labkit"
 )
 
 func (s *state) gatewayURL() string { return "http://" + s.dataAddr + s.path() }
@@ -22,18 +22,6 @@ func (s *state) workerIDs() []string {
 	return ids
 }
 
-// holders returns the workers whose receipts hold request id rid.
-func holders(all map[string][]sim.Receipt, rid string) []string {
-	var out []string
-	for id, recs := range all {
-		if _, ok := receiptFor(recs, rid); ok {
-			out = append(out, id)
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
 // ---- 6. deliver through the gateway ----------------------------------------
 
 func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
@@ -41,97 +29,55 @@ func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	type sent struct {
 		name, rid string
 		stream    bool
-		ex        exchange
+		ex        labkit.Exchange
 	}
 	var positive []sent
 	for _, stream := range []bool{false, true} {
-		kind := "json"
-		if stream {
-			kind = "sse"
+		kind, rid := labkit.Kind(stream), r.ID+"-deliver-"+labkit.Kind(stream)
+		ex, o, ok := labkit.Deliver(ctx, s.client, s.gatewayURL(), rid, s.body(s.spec.Model, "Delivery check ("+kind+") for run "+r.ID+".", rid, stream), stream, out)
+		if out = o; !ok {
+			return out
 		}
-		rid := r.ID + "-deliver-" + kind
-		ex, err := s.do(ctx, http.MethodPost, s.gatewayURL(),
-			s.body(s.spec.Model, "Delivery check ("+kind+") for run "+r.ID+".", rid, stream), map[string]string{"X-Request-Id": rid})
-		out = out.With(kind+"-exchange.json", ex.json())
-		if err != nil {
-			return withEvidence(failErr(ctx, "DELIVERY_FAILED", err), out)
-		}
-		if ex.Status != http.StatusOK {
-			return withEvidence(runbook.Fail("DELIVERY_FAILED", "%s request through the gateway answered %d: %.200s", kind, ex.Status, ex.Body), out)
-		}
-		var perr error
-		if stream {
-			if ct := ex.header("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
-				perr = fmt.Errorf("content type %q, want text/event-stream", ct)
-			} else {
-				_, perr = parseSSE(ex.Body)
-			}
-		} else {
-			_, perr = parseCompletion(ex.Body)
-		}
-		if perr != nil {
-			return withEvidence(runbook.Fail("DELIVERY_BAD_BODY", "%s answer: %v", kind, perr), out)
-		}
-		if got := ex.header("X-Request-Id"); got != rid {
-			return withEvidence(runbook.Fail("DELIVERY_REQUEST_ID", "%s answer carries X-Request-Id %q, want %q", kind, got, rid), out)
-		}
-		if ep := ex.header("X-Llmgw-Endpoint"); !slices.Contains(s.workerIDs(), ep) {
-			return withEvidence(runbook.Fail("DELIVERY_NO_ENDPOINT", "%s answer names endpoint %q, not one of %v", kind, ep, s.workerIDs()), out)
+		if ep := ex.Get("X-Llmgw-Endpoint"); !slices.Contains(s.workerIDs(), ep) {
+			return labkit.WithEvidence(runbook.Fail("DELIVERY_NO_ENDPOINT", "%s answer names endpoint %q, not one of %v", kind, ep, s.workerIDs()), out)
 		}
 		positive = append(positive, sent{name: kind, rid: rid, stream: stream, ex: ex})
 	}
 
 	// Negative requests: each must be refused by the gateway itself and
 	// reach no worker.
-	negatives := []struct {
-		name   string
-		body   []byte
-		status int
-	}{
-		{"unknown-model", s.body("llmgw-no-such-model-"+shortID(r.ID), "must not be delivered", r.ID+"-negative-unknown-model", false), http.StatusNotFound},
-		{"malformed-body", []byte(`{"model": "` + s.spec.Model + `", "prompt": `), http.StatusBadRequest},
-	}
-	var negRIDs []string
-	for _, n := range negatives {
-		rid := r.ID + "-negative-" + n.name
-		negRIDs = append(negRIDs, rid)
-		ex, err := s.do(ctx, http.MethodPost, s.gatewayURL(), n.body, map[string]string{"X-Request-Id": rid})
-		out = out.With("negative-"+n.name+".json", ex.json())
-		if err != nil {
-			return withEvidence(failErr(ctx, "DELIVERY_FAILED", err), out)
-		}
-		if ex.Status != n.status {
-			return withEvidence(runbook.Fail("NEGATIVE_NOT_REFUSED", "negative request %s answered %d, want %d", n.name, ex.Status, n.status), out)
-		}
+	negRIDs, out, ok := labkit.SendNegatives(ctx, s.client, s.gatewayURL(), r.ID, labkit.Negatives(s.chat(), r.ID, s.spec.Model), out)
+	if !ok {
+		return out
 	}
 
 	all, err := s.allReceipts(ctx)
 	if err != nil {
-		return withEvidence(failErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 	}
 	var lines []string
 	for _, p := range positive {
-		ep := p.ex.header("X-Llmgw-Endpoint")
-		h := holders(all, p.rid)
+		ep := p.ex.Get("X-Llmgw-Endpoint")
+		h := labkit.Holders(all, p.rid)
 		switch {
 		case len(h) == 0:
-			out = out.With("receipts.json", mustJSON(all))
-			return withEvidence(runbook.Fail("DELIVERY_NO_RECEIPT", "the gateway answered %s request %s from %s, but no worker's receipt log records it: read-back and a 2xx are not delivery proof", p.name, p.rid, ep), out)
+			out = out.With("receipts.json", labkit.MustJSON(all))
+			return labkit.WithEvidence(runbook.Fail("DELIVERY_NO_RECEIPT", "the gateway answered %s request %s from %s, but no worker's receipt log records it: read-back and a 2xx are not delivery proof", p.name, p.rid, ep), out)
 		case len(h) > 1 || h[0] != ep:
-			out = out.With("receipts.json", mustJSON(all))
-			return withEvidence(runbook.Fail("DELIVERY_WRONG_WORKER", "%s request %s: the gateway names %s but receipts are on %v", p.name, p.rid, ep, h), out)
+			out = out.With("receipts.json", labkit.MustJSON(all))
+			return labkit.WithEvidence(runbook.Fail("DELIVERY_WRONG_WORKER", "%s request %s: the gateway names %s but receipts are on %v", p.name, p.rid, ep, h), out)
 		}
-		rec, _ := receiptFor(all[ep], p.rid)
+		rec, _ := labkit.ReceiptFor(all[ep], p.rid)
 		if rec.Stream != p.stream {
-			return withEvidence(runbook.Fail("DELIVERY_MODE", "%s request %s reached %s with stream=%v", p.name, p.rid, ep, rec.Stream), out)
+			return labkit.WithEvidence(runbook.Fail("DELIVERY_MODE", "%s request %s reached %s with stream=%v", p.name, p.rid, ep, rec.Stream), out)
 		}
-		out = out.With(p.name+"-receipt.json", mustJSON(rec))
+		out = out.With(p.name+"-receipt.json", labkit.MustJSON(rec))
 		lines = append(lines, fmt.Sprintf("%s→%s", p.name, ep))
 	}
 	for _, rid := range negRIDs {
-		if h := holders(all, rid); len(h) > 0 {
-			out = out.With("receipts.json", mustJSON(all))
-			return withEvidence(runbook.Fail("NEGATIVE_LEFT_RECEIPT", "negative request %s was refused but left a receipt on %v", rid, h), out)
+		if h := labkit.Holders(all, rid); len(h) > 0 {
+			out = out.With("receipts.json", labkit.MustJSON(all))
+			return labkit.WithEvidence(runbook.Fail("NEGATIVE_LEFT_RECEIPT", "negative request %s was refused but left a receipt on %v", rid, h), out)
 		}
 	}
 	out.Status = "PASS"
@@ -152,16 +98,16 @@ type routed struct {
 	Receipt string `json:"receipt_on"`
 }
 
-func (s *state) send(ctx context.Context, rid, prompt string) (routed, exchange, error) {
-	ex, err := s.do(ctx, http.MethodPost, s.gatewayURL(), s.body(s.spec.Model, prompt, rid, false), map[string]string{"X-Request-Id": rid})
-	rt := routed{RID: rid, Status: ex.Status, Endpoint: ex.header("X-Llmgw-Endpoint"), Route: ex.header("X-Llmgw-Route"), Cached: -1}
+func (s *state) send(ctx context.Context, rid, prompt string) (routed, labkit.Exchange, error) {
+	ex, err := labkit.Do(ctx, s.client, http.MethodPost, s.gatewayURL(), s.body(s.spec.Model, prompt, rid, false), map[string]string{"X-Request-Id": rid})
+	rt := routed{RID: rid, Status: ex.Status, Endpoint: ex.Get("X-Llmgw-Endpoint"), Route: ex.Get("X-Llmgw-Route"), Cached: -1}
 	if err != nil {
 		return rt, ex, err
 	}
 	if ex.Status != http.StatusOK {
 		return rt, ex, fmt.Errorf("request %s answered %d: %.200s", rid, ex.Status, ex.Body)
 	}
-	if c, err := parseCompletion(ex.Body); err == nil {
+	if c, err := labkit.ParseCompletion(ex.Body); err == nil {
 		rt.Cached = c.CachedTokens
 	}
 	return rt, ex, nil
@@ -175,7 +121,7 @@ func (s *state) attachReceipts(ctx context.Context, rs []routed) (map[string][]s
 		return nil, err
 	}
 	for i := range rs {
-		h := holders(all, rs[i].RID)
+		h := labkit.Holders(all, rs[i].RID)
 		if len(h) == 1 {
 			rs[i].Receipt = h[0]
 		} else if len(h) > 1 {
@@ -215,26 +161,26 @@ func (s *state) routeRR(ctx context.Context, r *runbook.Run) runbook.Outcome {
 		rt, _, err := s.send(ctx, fmt.Sprintf("%s-rr-%d", r.ID, i), fmt.Sprintf("Round robin probe %d of run %s.", i, r.ID))
 		rs = append(rs, rt)
 		if err != nil {
-			return withEvidence(failErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", mustJSON(rs)))
+			return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 		}
 	}
 	if _, err := s.attachReceipts(ctx, rs); err != nil {
-		return withEvidence(failErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 	}
-	out = out.With("requests.json", mustJSON(rs))
+	out = out.With("requests.json", labkit.MustJSON(rs))
 	if m := mismatch(rs); m != "" {
-		return withEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
+		return labkit.WithEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
 	}
 	count := map[string]int{}
 	for _, x := range rs {
 		count[x.Receipt]++
 		if !strings.HasPrefix(x.Route, "rr") {
-			return withEvidence(runbook.Fail("ROUTING_WRONG_POLICY", "request %s routed by %q, want rr", x.RID, x.Route), out)
+			return labkit.WithEvidence(runbook.Fail("ROUTING_WRONG_POLICY", "request %s routed by %q, want rr", x.RID, x.Route), out)
 		}
 	}
 	for _, id := range s.workerIDs() {
 		if count[id] == 0 {
-			return withEvidence(runbook.Fail("ROUTING_NOT_SPREAD", "round robin: worker %s received none of %d requests (receipts per worker: %v)", id, len(rs), count), out)
+			return labkit.WithEvidence(runbook.Fail("ROUTING_NOT_SPREAD", "round robin: worker %s received none of %d requests (receipts per worker: %v)", id, len(rs), count), out)
 		}
 	}
 	out.Status, out.Reason = "PASS", fmt.Sprintf("round robin spread %d requests over every worker (receipts per worker: %v)", len(rs), count)
@@ -252,25 +198,25 @@ func (s *state) routeCHWBL(ctx context.Context, r *runbook.Run) runbook.Outcome 
 		rt, _, err := s.send(ctx, fmt.Sprintf("%s-chwbl-%d", r.ID, i), prefix+fmt.Sprintf(" Question %d?", i))
 		rs = append(rs, rt)
 		if err != nil {
-			return withEvidence(failErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", mustJSON(rs)))
+			return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 		}
 	}
 	if _, err := s.attachReceipts(ctx, rs); err != nil {
-		return withEvidence(failErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 	}
-	out = out.With("requests.json", mustJSON(rs))
+	out = out.With("requests.json", labkit.MustJSON(rs))
 	if m := mismatch(rs); m != "" {
-		return withEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
+		return labkit.WithEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
 	}
 	home := rs[0].Receipt
 	for _, x := range rs {
 		if x.Receipt != home {
-			return withEvidence(runbook.Fail("ROUTING_NOT_STICKY", "CHWBL: requests sharing one prefix landed on %s and %s (%s: route %q)", home, x.Receipt, x.RID, x.Route), out)
+			return labkit.WithEvidence(runbook.Fail("ROUTING_NOT_STICKY", "CHWBL: requests sharing one prefix landed on %s and %s (%s: route %q)", home, x.Receipt, x.RID, x.Route), out)
 		}
 	}
 	for _, x := range rs {
 		if !strings.HasPrefix(x.Route, "chwbl") {
-			return withEvidence(runbook.Fail("ROUTING_WRONG_POLICY", "request %s routed by %q, want chwbl", x.RID, x.Route), out)
+			return labkit.WithEvidence(runbook.Fail("ROUTING_WRONG_POLICY", "request %s routed by %q, want chwbl", x.RID, x.Route), out)
 		}
 	}
 	s.warmID = home
@@ -286,7 +232,7 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	// so only growth proves the warm prompt's blocks arrived.
 	inv0, raw0, err := s.admin.Inventory(ctx, s.ruleName)
 	if err != nil {
-		return failErr(ctx, "READBACK_FAILED", err)
+		return labkit.FailErr(ctx, "READBACK_FAILED", err)
 	}
 	out = out.With("inventory-before-warm.json", raw0)
 	base := map[string]int{}
@@ -296,7 +242,7 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	warm, _, err := s.send(ctx, r.ID+"-exact-warm", prefix+" First question?")
 	rs := []routed{warm}
 	if err != nil {
-		return withEvidence(failErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", mustJSON(rs)))
+		return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 	}
 	w := warm.Endpoint
 	// The warm prompt's full blocks, from the engine's own receipt: the
@@ -304,14 +250,14 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	// follow-up can be expected to hit (one event batch per request).
 	want := 1
 	if all, err := s.allReceipts(ctx); err == nil {
-		if rec, ok := receiptFor(all[w], warm.RID); ok && s.spec.BlockSize > 0 {
+		if rec, ok := labkit.ReceiptFor(all[w], warm.RID); ok && s.spec.BlockSize > 0 {
 			want = max(1, rec.PromptTokens/s.spec.BlockSize)
 		}
 	}
 	// The gateway learns the warmed blocks from the engine's own events.
 	var blocks int
 	var invRaw []byte
-	why, err := waitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
+	why, err := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
 		inv, raw, err := s.admin.Inventory(ctx, s.ruleName)
 		if err != nil {
 			return false, err.Error(), nil
@@ -328,49 +274,49 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	})
 	out = out.With("inventory-after-warm.json", invRaw)
 	if err != nil {
-		return withEvidence(failErr(ctx, "ROUTING_NO_INVENTORY", fmt.Errorf("the warmed worker's KV events never reached the gateway: %s: %w", why, err)), out.With("requests.json", mustJSON(rs)))
+		return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_NO_INVENTORY", fmt.Errorf("the warmed worker's KV events never reached the gateway: %s: %w", why, err)), out.With("requests.json", labkit.MustJSON(rs)))
 	}
 	for i := 1; i <= 3; i++ {
 		rt, _, err := s.send(ctx, fmt.Sprintf("%s-exact-follow-%d", r.ID, i), prefix+fmt.Sprintf(" Follow-up question %d?", i))
 		rs = append(rs, rt)
 		if err != nil {
-			return withEvidence(failErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", mustJSON(rs)))
+			return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 		}
 	}
 	all, err := s.attachReceipts(ctx, rs)
 	if err != nil {
-		return withEvidence(failErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 	}
-	out = out.With("requests.json", mustJSON(rs))
+	out = out.With("requests.json", labkit.MustJSON(rs))
 	if m := mismatch(rs); m != "" {
-		return withEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
+		return labkit.WithEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
 	}
-	warmRec, _ := receiptFor(all[w], warm.RID)
+	warmRec, _ := labkit.ReceiptFor(all[w], warm.RID)
 	for _, x := range rs[1:] {
 		if x.Receipt != w {
-			return withEvidence(runbook.Fail("ROUTING_NOT_ON_WARMED", "KV-exact: follow-up %s landed on %s (route %q), not on the warmed worker %s", x.RID, x.Receipt, x.Route, w), out)
+			return labkit.WithEvidence(runbook.Fail("ROUTING_NOT_ON_WARMED", "KV-exact: follow-up %s landed on %s (route %q), not on the warmed worker %s", x.RID, x.Receipt, x.Route, w), out)
 		}
 		if !strings.HasPrefix(x.Route, "kv-exact hit=") {
-			return withEvidence(runbook.Fail("ROUTING_NO_KV_HIT", "KV-exact: follow-up %s routed by %q, want a kv-exact hit", x.RID, x.Route), out)
+			return labkit.WithEvidence(runbook.Fail("ROUTING_NO_KV_HIT", "KV-exact: follow-up %s routed by %q, want a kv-exact hit", x.RID, x.Route), out)
 		}
-		rec, _ := receiptFor(all[w], x.RID)
+		rec, _ := labkit.ReceiptFor(all[w], x.RID)
 		if rec.CachedTokens <= warmRec.CachedTokens || x.Cached <= warmRec.CachedTokens {
-			return withEvidence(runbook.Fail("CACHE_NOT_REUSED", "KV-exact: follow-up %s: engine cached tokens %d (receipt) / %d (usage), warm request %d: no rise", x.RID, rec.CachedTokens, x.Cached, warmRec.CachedTokens), out)
+			return labkit.WithEvidence(runbook.Fail("CACHE_NOT_REUSED", "KV-exact: follow-up %s: engine cached tokens %d (receipt) / %d (usage), warm request %d: no rise", x.RID, rec.CachedTokens, x.Cached, warmRec.CachedTokens), out)
 		}
 	}
 	st, raw, err := s.admin.Rule(ctx, s.ruleName)
 	out = out.With("status-after.json", raw)
 	if err != nil {
-		return withEvidence(failErr(ctx, "READBACK_FAILED", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "READBACK_FAILED", err), out)
 	}
 	if dec, err := s.admin.Decisions(ctx, s.ruleName); err == nil {
 		out = out.With("decisions.json", dec)
 	}
 	if st.Status.KVReady == nil || !*st.Status.KVReady {
-		return withEvidence(runbook.Fail("KV_NOT_READY", "kv_ready is false after a warmed prefix"), out)
+		return labkit.WithEvidence(runbook.Fail("KV_NOT_READY", "kv_ready is false after a warmed prefix"), out)
 	}
 	if p := st.Status.KVParity; p == nil || p.Broken || p.Agreements == 0 {
-		return withEvidence(runbook.Fail("HASH_PARITY_BROKEN", "the gateway's cached-token prediction did not agree with the engine: %+v", p), out)
+		return labkit.WithEvidence(runbook.Fail("HASH_PARITY_BROKEN", "the gateway's cached-token prediction did not agree with the engine: %+v", p), out)
 	}
 	last := rs[len(rs)-1]
 	out.Status, out.Reason = "PASS", fmt.Sprintf("KV-exact: 3 same-prefix follow-ups landed on warmed %s (%s), engine cached tokens %d → %d; kv_ready, parity agreements %d",
@@ -392,14 +338,14 @@ func (s *state) drain(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	}
 	before, err := s.allReceipts(ctx)
 	if err != nil {
-		return failErr(ctx, "NO_RECEIPT_SOURCE", err)
+		return labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err)
 	}
 	raw, err := s.admin.SetDraining(ctx, s.ruleName, target, true)
 	out = out.With("drain-response.json", raw)
 	if err != nil {
-		return withEvidence(failErr(ctx, "DRAIN_FAILED", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "DRAIN_FAILED", err), out)
 	}
-	why, err := waitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
+	why, err := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
 		st, _, err := s.admin.Rule(ctx, s.ruleName)
 		if err != nil {
 			return false, err.Error(), nil
@@ -412,7 +358,7 @@ func (s *state) drain(ctx context.Context, r *runbook.Run) runbook.Outcome {
 		return false, "endpoint missing from status", nil
 	})
 	if err != nil {
-		return withEvidence(failErr(ctx, "DRAIN_INFLIGHT_STUCK", fmt.Errorf("%s: %s: %w", target, why, err)), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "DRAIN_INFLIGHT_STUCK", fmt.Errorf("%s: %s: %w", target, why, err)), out)
 	}
 	// The same prefix that warmed the target would pull traffic to it; it
 	// must go elsewhere now.
@@ -425,19 +371,19 @@ func (s *state) drain(ctx context.Context, r *runbook.Run) runbook.Outcome {
 		rt, _, err := s.send(ctx, fmt.Sprintf("%s-drain-%d", r.ID, i), prefix+fmt.Sprintf(" After drain %d?", i))
 		rs = append(rs, rt)
 		if err != nil {
-			return withEvidence(failErr(ctx, "DRAIN_REQUEST_FAILED", err), out.With("requests.json", mustJSON(rs)))
+			return labkit.WithEvidence(labkit.FailErr(ctx, "DRAIN_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 		}
 	}
 	after, err := s.attachReceipts(ctx, rs)
 	if err != nil {
-		return withEvidence(failErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 	}
-	out = out.With("requests.json", mustJSON(rs))
+	out = out.With("requests.json", labkit.MustJSON(rs))
 	if m := mismatch(rs); m != "" {
-		return withEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
+		return labkit.WithEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
 	}
 	if n0, n1 := len(before[target]), len(after[target]); n1 != n0 {
-		return withEvidence(runbook.Fail("DRAIN_LEAK", "drained worker %s received %d new request(s)", target, n1-n0), out)
+		return labkit.WithEvidence(runbook.Fail("DRAIN_LEAK", "drained worker %s received %d new request(s)", target, n1-n0), out)
 	}
 	st, raw, err := s.admin.Rule(ctx, s.ruleName)
 	if err == nil {

@@ -38,7 +38,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -51,6 +50,7 @@ import (
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
 	"github.com/llmgw/llmgw/runbook/gates"
+	"github.com/llmgw/llmgw/runbook/labkit"
 )
 
 // Engines are the engines with a P/D hand-off (llama.cpp has none).
@@ -138,13 +138,11 @@ func (o *Options) Validate() error {
 	if o.Decode == 0 {
 		o.Decode = DefaultDecode
 	}
-	if o.Catalog == nil {
-		c, err := profiles.Load()
-		if err != nil {
-			return fmt.Errorf("pd: %w", err)
-		}
-		o.Catalog = c
+	c, err := labkit.LoadCatalog(o.Catalog)
+	if err != nil {
+		return fmt.Errorf("pd: %w", err)
 	}
+	o.Catalog = c
 	if !slices.Contains(Engines, o.Engine) {
 		return fmt.Errorf("%w: engine %q has no P/D hand-off (valid: %s)", ErrInvalid, o.Engine, strings.Join(Engines, ", "))
 	}
@@ -157,15 +155,7 @@ func (o *Options) Validate() error {
 	if o.Launcher == nil {
 		return fmt.Errorf("%w: no launcher", ErrInvalid)
 	}
-	if o.HealthTimeout <= 0 {
-		o.HealthTimeout = 60 * time.Second
-	}
-	if o.ReadyTimeout <= 0 {
-		o.ReadyTimeout = 20 * time.Second
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	labkit.FillDefaults(&o.HealthTimeout, &o.ReadyTimeout, &o.Logger)
 	return nil
 }
 
@@ -175,25 +165,14 @@ func (o *Options) Tuple() results.Tuple {
 		Engine: o.Engine, Profile: o.Profile, Topology: Topology, Mode: o.Mode(),
 		Launcher: o.Launcher.Name(), SimulatedWorkers: o.Launcher.Simulated(), Workers: o.Prefill + o.Decode,
 	}
-	if v, err := o.Catalog.Versions().For(o.Engine); err == nil {
-		t.EngineVersion = v.Version
-	}
-	if p, err := o.Catalog.Get(o.Profile); err == nil {
-		t.Model = p.Model.ServedName
-	}
-	return t
+	return labkit.CompleteTuple(o.Catalog, t)
 }
 
 // Runbook returns the P/D runbook's steps for o (validated).
 func Runbook(o *Options) runbook.Runbook {
 	s := &state{o: o}
 	step := func(name string, fn func(context.Context, *runbook.Run) runbook.Outcome) runbook.Step {
-		return runbook.NewStep(name, func(ctx context.Context, r *runbook.Run) runbook.Outcome {
-			if o.StepHook != nil {
-				o.StepHook(name)
-			}
-			return fn(ctx, r)
-		})
+		return labkit.Hooked(o.StepHook, name, fn)
 	}
 	parity := gates.Step(func(r *runbook.Run) (gates.Target, error) {
 		if o.StepHook != nil {
@@ -235,15 +214,7 @@ func Execute(ctx context.Context, o *Options, store *results.Store, outDir strin
 
 // ExecuteInto runs the runbook into an existing run writer with runner rn.
 func ExecuteInto(ctx context.Context, o *Options, w *results.RunWriter, outDir string, rn runbook.Runner) (runbook.Report, error) {
-	led, err := runbook.OpenLedger(outDir, w.ID(), o.Launcher.Name())
-	if err != nil {
-		return runbook.Report{}, fmt.Errorf("pd: %w", err)
-	}
-	rep, err := rn.Execute(ctx, Runbook(o), w, led)
-	if ferr := led.Finish(); ferr != nil {
-		err = errors.Join(err, ferr)
-	}
-	return rep, err
+	return labkit.ExecuteInto(ctx, Runbook(o), o.Launcher.Name(), w, outDir, rn)
 }
 
 // state is what the steps share within one run (touched only from the
@@ -265,11 +236,6 @@ type state struct {
 
 	// delivered are the request ids of the deliver step, by kind.
 	delivered map[string]string
-}
-
-func ledgerOf(r *runbook.Run) *runbook.Ledger {
-	l, _ := r.Vars.(*runbook.Ledger)
-	return l
 }
 
 func (s *state) byRole(role string) []Worker {

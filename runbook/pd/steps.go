@@ -4,12 +4,9 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -21,22 +18,8 @@ import (
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/runbook"
+	"github.com/llmgw/llmgw/runbook/labkit"
 )
-
-// failErr turns a cancelled context into INTERRUPTED; other errors get code.
-func failErr(ctx context.Context, code string, err error) runbook.Outcome {
-	if ctx.Err() != nil {
-		return runbook.Fail("INTERRUPTED", "interrupted: %v", err)
-	}
-	return runbook.Fail(code, "%v", err)
-}
-
-// withEvidence returns o carrying base's evidence and lanes.
-func withEvidence(o, base runbook.Outcome) runbook.Outcome {
-	o.Evidence = append(slices.Clone(base.Evidence), o.Evidence...)
-	o.Lanes = base.Lanes
-	return o
-}
 
 // ---- 1. select tuple -------------------------------------------------------
 
@@ -55,55 +38,32 @@ func (s *state) selectTuple(_ context.Context, r *runbook.Run) runbook.Outcome {
 		"prefill": o.Prefill, "decode": o.Decode, "launcher": o.Launcher.Name(), "simulated_workers": o.Launcher.Simulated(),
 		"kv_hash_seed": o.Catalog.KVHashSeed(),
 	}
-	if code, detail, blocked := o.Catalog.Blocked(o.Engine, o.Profile); blocked {
-		info["blocked"] = map[string]string{"code": code, "detail": detail}
-		return runbook.Blocked(code, "%s on %s %s: %s; nothing launched", p.ID, o.Engine, ver.Version, detail).With("tuple.json", mustJSON(info))
-	}
-	es, err := p.Engine(o.Engine)
-	if err != nil {
-		return runbook.Fail("UNKNOWN_ENGINE", "%v", err).With("tuple.json", mustJSON(info))
-	}
-	launch, err := p.Launch(o.Engine)
-	if err != nil {
-		return runbook.Fail("PROFILE_NO_LAUNCH", "%v", err).With("tuple.json", mustJSON(info))
+	es, launch, fail, ok := labkit.Resolve(o.Catalog, o.Engine, p, info)
+	if !ok {
+		return fail
 	}
 	s.seed = o.Catalog.KVHashSeed()
-	info["block_size"], info["hash_algo"] = es.BlockSize, es.HashAlgo
-	encoding := ""
-	switch o.Engine {
-	case profiles.EngineVLLM:
-		encoding = sim.EncodingMap
-	case profiles.EngineSGLang:
-		encoding = sim.EncodingArray
-	}
 	s.spec = runbook.LaunchSpec{
 		RunID: r.ID, Engine: o.Engine, Profile: p, Launch: launch, Model: p.Model.ServedName, Workers: o.Prefill + o.Decode,
-		BlockSize: es.BlockSize, HashSeed: s.seed, EventEncoding: encoding, KVEvents: o.KVExact, Ledger: ledgerOf(r),
+		BlockSize: es.BlockSize, HashSeed: s.seed, EventEncoding: labkit.EventEncoding(o.Engine), KVEvents: o.KVExact, Ledger: labkit.LedgerOf(r),
 	}
 	return runbook.Pass("%s %s × %s (%s), P/D %d prefill + %d decode, kvExactMode %d, %s workers", o.Engine, ver.Version, p.ID,
-		p.Model.ServedName, o.Prefill, o.Decode, info["kv_exact_mode"], o.Launcher.Name()).With("tuple.json", mustJSON(info))
+		p.Model.ServedName, o.Prefill, o.Decode, info["kv_exact_mode"], o.Launcher.Name()).With("tuple.json", labkit.MustJSON(info))
 }
 
 // ---- 2. launch workers -----------------------------------------------------
 
 func (s *state) launch(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
-	s.client = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	r.Defer("close HTTP client", func(context.Context) error {
-		s.client.CloseIdleConnections()
-		return nil
-	})
+	s.client = labkit.NewClient(r)
 	// Registered before the launch: Stop cleans up a half-done launch too.
 	r.Defer("stop workers", func(ctx context.Context) error { return s.stopWorkers(ctx) })
 	ws, err := o.Launcher.LaunchPD(ctx, s.spec, o.Prefill, o.Decode)
 	if err != nil {
-		if b := runbook.AsBlocked(err); b != nil {
-			return runbook.Blocked(b.Code, "%s launcher: %s", o.Launcher.Name(), b.Detail).With("launch-error.txt", []byte(err.Error()+"\n"))
-		}
-		return failErr(ctx, "ENGINE_LAUNCH_FAILED", err).With("launch-error.txt", []byte(err.Error()+"\n"))
+		return labkit.LaunchFailed(ctx, o.Launcher.Name(), err)
 	}
 	s.workers = ws
-	out := runbook.Outcome{}.With("workers.json", mustJSON(ws))
+	out := runbook.Outcome{}.With("workers.json", labkit.MustJSON(ws))
 	type health struct {
 		Worker string `json:"worker"`
 		Role   string `json:"role"`
@@ -111,22 +71,15 @@ func (s *state) launch(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	}
 	var report []health
 	for _, w := range ws {
-		last, err := waitFor(ctx, o.HealthTimeout, func() (bool, string) {
-			ex, err := do(ctx, s.client, http.MethodGet, "http://"+w.HTTP+w.HealthPath, nil, nil)
-			if err != nil {
-				return false, "health: " + err.Error()
+		last, err := labkit.WaitFor(ctx, o.HealthTimeout, func() (bool, string, error) {
+			p := labkit.ProbeServing(ctx, s.client, w.Worker)
+			if p.Last != "" {
+				return false, p.Last, nil
 			}
-			if ex.Status != http.StatusOK {
-				return false, fmt.Sprintf("health answered %d", ex.Status)
+			if !strings.Contains(p.Models.Body, strconv.Quote(s.spec.Model)) {
+				return false, fmt.Sprintf("/v1/models does not list %s: %.200s", s.spec.Model, p.Models.Body), nil
 			}
-			ex, err = do(ctx, s.client, http.MethodGet, "http://"+w.HTTP+"/v1/models", nil, nil)
-			if err != nil || ex.Status != http.StatusOK {
-				return false, fmt.Sprintf("/v1/models answered %d", ex.Status)
-			}
-			if !strings.Contains(ex.Body, strconv.Quote(s.spec.Model)) {
-				return false, fmt.Sprintf("/v1/models does not list %s: %.200s", s.spec.Model, ex.Body)
-			}
-			return true, "healthy, serving " + s.spec.Model
+			return true, "healthy, serving " + s.spec.Model, nil
 		})
 		report = append(report, health{Worker: w.ID, Role: w.Role, Last: last})
 		if err != nil {
@@ -134,11 +87,11 @@ func (s *state) launch(ctx context.Context, r *runbook.Run) runbook.Outcome {
 			if strings.HasPrefix(last, "/v1/models does not list") {
 				code = "WRONG_MODEL"
 			}
-			return withEvidence(failErr(ctx, code, fmt.Errorf("%s worker %s (%s) not ready within %v: %s", w.Role, w.ID, w.HTTP, o.HealthTimeout, last)), out.With("health.json", mustJSON(report)))
+			return labkit.WithEvidence(labkit.FailErr(ctx, code, fmt.Errorf("%s worker %s (%s) not ready within %v: %s", w.Role, w.ID, w.HTTP, o.HealthTimeout, last)), out.With("health.json", labkit.MustJSON(report)))
 		}
 	}
-	out = out.With("health.json", mustJSON(report))
-	return withEvidence(runbook.Pass("%d prefill (%s) and %d decode (%s) workers healthy and serving %s", o.Prefill, strings.Join(s.ids(RolePrefill), ","),
+	out = out.With("health.json", labkit.MustJSON(report))
+	return labkit.WithEvidence(runbook.Pass("%d prefill (%s) and %d decode (%s) workers healthy and serving %s", o.Prefill, strings.Join(s.ids(RolePrefill), ","),
 		o.Decode, strings.Join(s.ids(RoleDecode), ","), s.spec.Model), out)
 }
 
@@ -152,14 +105,7 @@ func (s *state) stopWorkers(ctx context.Context) error {
 		if w.Owner == "attach" {
 			continue
 		}
-		if _, err := waitFor(ctx, 10*time.Second, func() (bool, string) {
-			c, err := net.DialTimeout("tcp", w.HTTP, time.Second)
-			if err != nil {
-				return true, ""
-			}
-			c.Close()
-			return false, "still accepting connections"
-		}); err != nil {
+		if err := labkit.WaitClosed(ctx, w.HTTP, 10*time.Second); err != nil {
 			return fmt.Errorf("pd: worker %s at %s still listening after stop: %w", w.ID, w.HTTP, err)
 		}
 	}
@@ -170,28 +116,11 @@ func (s *state) stopWorkers(ctx context.Context) error {
 
 func (s *state) chat() bool { return s.profile.APIMode == "chat" }
 
-func (s *state) path() string {
-	if s.chat() {
-		return "/v1/chat/completions"
-	}
-	return "/v1/completions"
-}
+func (s *state) path() string { return labkit.CompletionPath(s.chat()) }
 
-// body is a completion request; the nonce travels in "user", which the
-// simulators' receipts record.
+// body is a small completion request carrying nonce (see labkit.RequestBody).
 func (s *state) body(model, prompt, nonce string, stream bool) []byte {
-	m := map[string]any{"model": model, "max_tokens": 8, "temperature": 0, "user": nonce}
-	if s.chat() {
-		m["messages"] = []map[string]string{{"role": "user", "content": prompt}}
-	} else {
-		m["prompt"] = prompt
-	}
-	if stream {
-		m["stream"] = true
-		m["stream_options"] = map[string]bool{"include_usage": true}
-	}
-	b, _ := json.Marshal(m)
-	return b
+	return labkit.RequestBody(s.chat(), model, prompt, nonce, stream)
 }
 
 // longPrompt spans many KV blocks and is unique to the run and topic.
@@ -203,38 +132,11 @@ func longPrompt(runID, topic string) string {
 	return b.String()
 }
 
-func (s *state) receipts(ctx context.Context, w Worker) ([]sim.Receipt, error) {
-	ex, err := do(ctx, s.client, http.MethodGet, "http://"+w.HTTP+"/_sim/receipts", nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	if ex.Status != http.StatusOK {
-		return nil, fmt.Errorf("pd: worker %s has no receipt log (GET /_sim/receipts answered %d)", w.ID, ex.Status)
-	}
-	recs, err := ParseReceipts([]byte(ex.Body))
-	if err != nil {
-		return nil, fmt.Errorf("pd: worker %s: %w", w.ID, err)
-	}
-	return recs, nil
-}
-
-func (s *state) allReceipts(ctx context.Context) (map[string][]sim.Receipt, error) {
-	out := map[string][]sim.Receipt{}
-	for _, w := range s.workers {
-		recs, err := s.receipts(ctx, w)
-		if err != nil {
-			return nil, err
-		}
-		out[w.ID] = recs
-	}
-	return out, nil
-}
-
 // holders returns the workers of role whose receipts hold rid, sorted.
 func (s *state) holders(all map[string][]sim.Receipt, role, rid string) []string {
 	var out []string
 	for _, w := range s.byRole(role) {
-		if _, ok := receiptFor(all[w.ID], rid); ok {
+		if _, ok := labkit.ReceiptFor(all[w.ID], rid); ok {
 			out = append(out, w.ID)
 		}
 	}
@@ -247,29 +149,29 @@ func (s *state) direct(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneDirectWorker)
 	for _, w := range s.workers {
 		nonce := r.ID + "-direct-" + w.ID
-		ex, err := do(ctx, s.client, http.MethodPost, "http://"+w.HTTP+s.path(),
+		ex, err := labkit.Do(ctx, s.client, http.MethodPost, "http://"+w.HTTP+s.path(),
 			s.body(s.spec.Model, "Direct check of "+w.Role+" worker "+w.ID+" in run "+r.ID+".", nonce, false), map[string]string{"X-Request-Id": nonce})
-		out = out.With(w.ID+"-exchange.json", ex.json())
+		out = out.With(w.ID+"-exchange.json", ex.JSON())
 		if err != nil {
-			return withEvidence(failErr(ctx, "DIRECT_REQUEST_FAILED", fmt.Errorf("worker %s: %w", w.ID, err)), out)
+			return labkit.WithEvidence(labkit.FailErr(ctx, "DIRECT_REQUEST_FAILED", fmt.Errorf("worker %s: %w", w.ID, err)), out)
 		}
 		if ex.Status != http.StatusOK {
-			return withEvidence(runbook.Fail("DIRECT_REQUEST_FAILED", "%s worker %s answered %d: %.200s", w.Role, w.ID, ex.Status, ex.Body), out)
+			return labkit.WithEvidence(runbook.Fail("DIRECT_REQUEST_FAILED", "%s worker %s answered %d: %.200s", w.Role, w.ID, ex.Status, ex.Body), out)
 		}
-		if text, _, err := ParseCompletion(ex.Body); err != nil || text == "" {
-			return withEvidence(runbook.Fail("DIRECT_BAD_COMPLETION", "worker %s: no generated text (%v)", w.ID, err), out)
+		if c, err := labkit.ParseCompletion(ex.Body); err != nil || c.Text == "" {
+			return labkit.WithEvidence(runbook.Fail("DIRECT_BAD_COMPLETION", "worker %s: no generated text (%v)", w.ID, err), out)
 		}
-		recs, err := s.receipts(ctx, w)
+		recs, err := labkit.Receipts(ctx, s.client, w.Worker)
 		if err != nil {
-			return withEvidence(failErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+			return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 		}
-		rec, ok := receiptFor(recs, nonce)
+		rec, ok := labkit.ReceiptFor(recs, nonce)
 		if !ok || rec.Nonce != nonce || rec.Status != http.StatusOK || rec.Role != w.Role {
-			return withEvidence(runbook.Fail("DIRECT_NO_RECEIPT", "worker %s answered but has no 200 receipt for %s in role %s (found %v: %+v)", w.ID, nonce, w.Role, ok, rec), out)
+			return labkit.WithEvidence(runbook.Fail("DIRECT_NO_RECEIPT", "worker %s answered but has no 200 receipt for %s in role %s (found %v: %+v)", w.ID, nonce, w.Role, ok, rec), out)
 		}
-		out = out.With(w.ID+"-receipt.json", mustJSON(rec))
+		out = out.With(w.ID+"-receipt.json", labkit.MustJSON(rec))
 	}
-	return withEvidence(runbook.Pass("%d/%d workers answered a nonce request directly, each with its own receipt in its role", len(s.workers), len(s.workers)), out)
+	return labkit.WithEvidence(runbook.Pass("%d/%d workers answered a nonce request directly, each with its own receipt in its role", len(s.workers), len(s.workers)), out)
 }
 
 // ---- 4. apply rule ---------------------------------------------------------
@@ -279,7 +181,7 @@ func (s *state) buildRule(name string) *rule.Rule {
 	hp := s.workers[0].HealthPath
 	r := &rule.Rule{
 		Name: name, ModelName: s.spec.Model, KVEngineType: o.Engine, PDDisaggMode: true,
-		Probe: rule.ProbeConfig{Path: hp, Interval: rule.Duration(time.Second), Timeout: rule.Duration(500 * time.Millisecond)},
+		Probe: labkit.ProbeConfig(hp),
 	}
 	if o.KVExact {
 		r.KVExactMode = 1
@@ -290,9 +192,8 @@ func (s *state) buildRule(name string) *rule.Rule {
 		}
 	}
 	for _, w := range s.workers {
-		host, port, _ := net.SplitHostPort(w.HTTP)
-		p, _ := strconv.Atoi(port)
-		ep := rule.Endpoint{ID: w.ID, EndpointIP: host, TargetPort: p, EPRole: 2}
+		ep := labkit.Endpoint(w.ID, w.HTTP)
+		ep.EPRole = 2
 		if w.Role == RolePrefill {
 			ep.EPRole = 1
 			if w.Bootstrap != "" {
@@ -310,95 +211,17 @@ func (s *state) buildRule(name string) *rule.Rule {
 
 func (s *state) apply(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
-	led := ledgerOf(r)
-	adminBase := o.GatewayAdmin
-	if adminBase == "" {
-		dir, err := os.MkdirTemp("", "llmgw-runbook-pd-gw-")
-		if err != nil {
-			return runbook.Fail("GATEWAY_START_FAILED", "state dir: %v", err)
-		}
-		_ = led.Update(func(st *runbook.LedgerState) { st.Dirs = append(st.Dirs, dir) })
-		gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: dir, Logger: o.Logger})
-		if err == nil {
-			// The gateway outlives this step; the cleanup closes it.
-			err = gw.Start(context.WithoutCancel(ctx))
-		}
-		started := err == nil
-		r.Defer("close embedded gateway", func(context.Context) error {
-			if started {
-				gw.Close()
-			}
-			if rerr := os.RemoveAll(dir); rerr != nil {
-				return rerr
-			}
-			return led.Update(func(st *runbook.LedgerState) {
-				st.Dirs = slices.DeleteFunc(st.Dirs, func(d string) bool { return d == dir })
-			})
-		})
-		if err != nil {
-			return runbook.Fail("GATEWAY_START_FAILED", "%v", err)
-		}
-		s.gw = gw
-		adminBase = "http://" + gw.AdminAddr()
-	}
-	admin, err := runbook.NewAdmin(adminBase, o.GatewayToken, s.client)
-	if err != nil {
-		return runbook.Fail("GATEWAY_URL", "%v", err)
-	}
-	s.admin = admin
-	name := "pd-" + shortID(r.ID)
-	s.ruleName = name
-	rl := s.buildRule(name)
-	if o.RuleHook != nil {
-		o.RuleHook(rl)
-	}
-	s.applied = rl
-	body := mustJSON(rl)
-	_ = led.Update(func(st *runbook.LedgerState) {
-		st.Rules = append(st.Rules, runbook.OwnedRule{Admin: admin.Base(), Name: name})
+	s.ruleName = "pd-" + labkit.ShortID(r.ID)
+	a, out, ok := labkit.Apply(ctx, r, labkit.ApplyOptions{
+		AdminURL: o.GatewayAdmin, Token: o.GatewayToken, DirPattern: "llmgw-runbook-pd-gw-", Logger: o.Logger, Client: s.client,
+		Name: s.ruleName, Build: s.buildRule, Hook: o.RuleHook, MarkEmbedded: false,
 	})
-	r.Defer("delete rule "+name, func(ctx context.Context) error {
-		if _, err := admin.Delete(ctx, name, 5*time.Second); err != nil {
-			return err
-		}
-		if _, _, err := admin.Rule(ctx, name); !isStatus(err, http.StatusNotFound) {
-			return fmt.Errorf("pd: rule %s still readable after delete (%v)", name, err)
-		}
-		return led.Update(func(st *runbook.LedgerState) {
-			st.Rules = slices.DeleteFunc(st.Rules, func(x runbook.OwnedRule) bool { return x.Name == name && x.Admin == admin.Base() })
-		})
-	})
-	resp, err := admin.Create(ctx, body)
-	out := runbook.Outcome{}.With("rule-request.json", body)
-	if err != nil {
-		out = out.With("rule-response.json", resp)
-		var ae *runbook.AdminError
-		if errors.As(err, &ae) {
-			_, rb, gerr := admin.Rule(ctx, name)
-			out = out.With("readback-after-refusal.json", rb)
-			if !isStatus(gerr, http.StatusNotFound) {
-				return withEvidence(runbook.Fail("RULE_REJECTED_STATE_LEFT", "gateway refused the rule (%d %s) but a rule named %s is readable", ae.Status, ae.Code, name), out)
-			}
-			return withEvidence(runbook.Fail("RULE_REJECTED", "gateway refused the rule: %d %s", ae.Status, ae.Code), out)
-		}
-		return withEvidence(failErr(ctx, "RULE_APPLY_FAILED", err), out)
+	s.gw, s.admin, s.applied = a.Gateway, a.Admin, a.Rule
+	if !ok {
+		return out
 	}
-	out = out.With("rule-effective.json", resp)
-	return withEvidence(runbook.Pass("rule %s created on %s: pd_disagg_mode, kvExactMode %d, prefill %s, decode %s", name, admin.Base(), rl.KVExactMode,
+	return labkit.WithEvidence(runbook.Pass("rule %s created on %s: pd_disagg_mode, kvExactMode %d, prefill %s, decode %s", s.ruleName, s.admin.Base(), s.applied.KVExactMode,
 		strings.Join(s.ids(RolePrefill), ","), strings.Join(s.ids(RoleDecode), ",")), out)
-}
-
-func isStatus(err error, code int) bool {
-	var ae *runbook.AdminError
-	return errors.As(err, &ae) && ae.Status == code
-}
-
-// shortID is the random tail of a run ID, for rule names.
-func shortID(id string) string {
-	if i := strings.LastIndexByte(id, '-'); i >= 0 && i+1 < len(id) {
-		return strings.ToLower(id[i+1:])
-	}
-	return "run"
 }
 
 // ---- 5. read back ----------------------------------------------------------
@@ -407,34 +230,35 @@ func (s *state) readBack(ctx context.Context, _ *runbook.Run) runbook.Outcome {
 	st, raw, err := s.admin.Rule(ctx, s.ruleName)
 	out := runbook.Outcome{}.With("readback.json", raw)
 	if err != nil {
-		return withEvidence(failErr(ctx, "READBACK_FAILED", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "READBACK_FAILED", err), out)
 	}
-	diffs := diffJSON(s.applied.Effective(), st.Rule)
+	diffs, _ := labkit.DiffJSON(s.applied.Effective(), st.Rule)
 	if len(diffs) > 0 {
 		out = out.With("readback-diff.txt", []byte(strings.Join(diffs, "\n")+"\n"))
-		return withEvidence(runbook.Fail("READBACK_MISMATCH", "effective rule differs from what was applied: %s", strings.Join(diffs, "; ")), out)
+		return labkit.WithEvidence(runbook.Fail("READBACK_MISMATCH", "effective rule differs from what was applied: %s", strings.Join(diffs, "; ")), out)
 	}
 	var last *gateway.RuleStatus
-	why, err := waitFor(ctx, s.o.ReadyTimeout, func() (bool, string) {
+	why, err := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
 		st, _, err := s.admin.Rule(ctx, s.ruleName)
 		if err != nil {
-			return false, err.Error()
+			return false, err.Error(), nil
 		}
 		last = st
-		return s.ready(st)
+		ok, why := s.ready(st)
+		return ok, why, nil
 	})
 	if last != nil {
-		out = out.With("readiness.json", mustJSON(last.Status))
+		out = out.With("readiness.json", labkit.MustJSON(last.Status))
 	}
 	if err != nil {
-		return withEvidence(failErr(ctx, "NOT_READY", fmt.Errorf("readiness conditions did not hold within %v: %s", s.o.ReadyTimeout, why)), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "NOT_READY", fmt.Errorf("readiness conditions did not hold within %v: %s", s.o.ReadyTimeout, why)), out)
 	}
-	s.dataAddr = dataAddress(last.Status.Address, s.admin.Base())
+	s.dataAddr = labkit.DataAddress(last.Status.Address, s.admin.Base())
 	reason := fmt.Sprintf("effective rule equals the applied one; %d endpoints healthy and available with roles %d prefill / %d decode", len(last.Status.Endpoints), s.o.Prefill, s.o.Decode)
 	if s.o.KVExact {
 		reason += "; every prefill's KV event stream connected"
 	}
-	return withEvidence(runbook.Pass("%s", reason), out)
+	return labkit.WithEvidence(runbook.Pass("%s", reason), out)
 }
 
 func (s *state) ready(st *gateway.RuleStatus) (bool, string) {
@@ -458,70 +282,6 @@ func (s *state) ready(st *gateway.RuleStatus) (bool, string) {
 	return true, ""
 }
 
-func dataAddress(addr, adminBase string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		if u, err := url.Parse(adminBase); err == nil {
-			host = u.Hostname()
-		}
-	}
-	return net.JoinHostPort(host, port)
-}
-
-// diffJSON compares two values through their JSON form, leaf by leaf.
-func diffJSON(want, got any) []string {
-	var a, b any
-	ja, _ := json.Marshal(want)
-	jb, _ := json.Marshal(got)
-	_ = json.Unmarshal(ja, &a)
-	_ = json.Unmarshal(jb, &b)
-	var diffs []string
-	var walk func(path string, x, y any)
-	walk = func(path string, x, y any) {
-		switch xv := x.(type) {
-		case map[string]any:
-			yv, ok := y.(map[string]any)
-			if !ok {
-				diffs = append(diffs, fmt.Sprintf("%s: applied %v, read back %v", path, x, y))
-				return
-			}
-			keys := map[string]bool{}
-			for k := range xv {
-				keys[k] = true
-			}
-			for k := range yv {
-				keys[k] = true
-			}
-			sorted := make([]string, 0, len(keys))
-			for k := range keys {
-				sorted = append(sorted, k)
-			}
-			slices.Sort(sorted)
-			for _, k := range sorted {
-				walk(strings.TrimPrefix(path+"."+k, "."), xv[k], yv[k])
-			}
-		case []any:
-			yv, ok := y.([]any)
-			if !ok || len(xv) != len(yv) {
-				diffs = append(diffs, fmt.Sprintf("%s: applied %d items, read back %v", path, len(xv), y))
-				return
-			}
-			for i := range xv {
-				walk(fmt.Sprintf("%s[%d]", path, i), xv[i], yv[i])
-			}
-		default:
-			if fmt.Sprint(x) != fmt.Sprint(y) {
-				diffs = append(diffs, fmt.Sprintf("%s: applied %v, read back %v", path, x, y))
-			}
-		}
-	}
-	walk("", a, b)
-	return diffs
-}
-
 // ---- 6. deliver through the gateway ----------------------------------------
 
 func (s *state) gatewayURL() string { return "http://" + s.dataAddr + s.path() }
@@ -532,89 +292,51 @@ func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	type sent struct {
 		kind, rid string
 		stream    bool
-		ex        exchange
+		ex        labkit.Exchange
 	}
 	var positive []sent
 	for _, stream := range []bool{false, true} {
-		kind := map[bool]string{false: "json", true: "sse"}[stream]
-		rid := r.ID + "-deliver-" + kind
-		ex, err := do(ctx, s.client, http.MethodPost, s.gatewayURL(), s.body(s.spec.Model, "P/D delivery check ("+kind+") for run "+r.ID+".", rid, stream), map[string]string{"X-Request-Id": rid})
-		out = out.With(kind+"-exchange.json", ex.json())
-		if err != nil {
-			return withEvidence(failErr(ctx, "DELIVERY_FAILED", err), out)
+		kind, rid := labkit.Kind(stream), r.ID+"-deliver-"+labkit.Kind(stream)
+		ex, o, ok := labkit.Deliver(ctx, s.client, s.gatewayURL(), rid, s.body(s.spec.Model, "P/D delivery check ("+kind+") for run "+r.ID+".", rid, stream), stream, out)
+		if out = o; !ok {
+			return out
 		}
-		if ex.Status != http.StatusOK {
-			return withEvidence(runbook.Fail("DELIVERY_FAILED", "%s request through the gateway answered %d: %.200s", kind, ex.Status, ex.Body), out)
-		}
-		var perr error
-		if stream {
-			if ct := ex.header("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
-				perr = fmt.Errorf("content type %q, want text/event-stream", ct)
-			} else {
-				_, _, perr = ParseSSE(ex.Body)
-			}
-		} else {
-			_, _, perr = ParseCompletion(ex.Body)
-		}
-		if perr != nil {
-			return withEvidence(runbook.Fail("DELIVERY_BAD_BODY", "%s answer: %v", kind, perr), out)
-		}
-		if got := ex.header("X-Request-Id"); got != rid {
-			return withEvidence(runbook.Fail("DELIVERY_REQUEST_ID", "%s answer carries X-Request-Id %q, want %q", kind, got, rid), out)
-		}
-		if ep := ex.header("X-Llmgw-Endpoint"); !slices.Contains(s.ids(RoleDecode), ep) {
-			return withEvidence(runbook.Fail("DELIVERY_NOT_DECODE", "%s answer names endpoint %q, not a decode endpoint %v (route %q)", kind, ep, s.ids(RoleDecode), ex.header("X-Llmgw-Route")), out)
+		if ep := ex.Get("X-Llmgw-Endpoint"); !slices.Contains(s.ids(RoleDecode), ep) {
+			return labkit.WithEvidence(runbook.Fail("DELIVERY_NOT_DECODE", "%s answer names endpoint %q, not a decode endpoint %v (route %q)", kind, ep, s.ids(RoleDecode), ex.Get("X-Llmgw-Route")), out)
 		}
 		positive = append(positive, sent{kind: kind, rid: rid, stream: stream, ex: ex})
 	}
-	negatives := []struct {
-		name   string
-		body   []byte
-		status int
-	}{
-		{"unknown-model", s.body("llmgw-no-such-model-"+shortID(r.ID), "must not be delivered", r.ID+"-negative-unknown-model", false), http.StatusNotFound},
-		{"malformed-body", []byte(`{"model": "` + s.spec.Model + `", "prompt": `), http.StatusBadRequest},
-	}
-	var negRIDs []string
-	for _, n := range negatives {
-		rid := r.ID + "-negative-" + n.name
-		negRIDs = append(negRIDs, rid)
-		ex, err := do(ctx, s.client, http.MethodPost, s.gatewayURL(), n.body, map[string]string{"X-Request-Id": rid})
-		out = out.With("negative-"+n.name+".json", ex.json())
-		if err != nil {
-			return withEvidence(failErr(ctx, "DELIVERY_FAILED", err), out)
-		}
-		if ex.Status != n.status {
-			return withEvidence(runbook.Fail("NEGATIVE_NOT_REFUSED", "negative request %s answered %d, want %d", n.name, ex.Status, n.status), out)
-		}
+	negRIDs, out, ok := labkit.SendNegatives(ctx, s.client, s.gatewayURL(), r.ID, labkit.Negatives(s.chat(), r.ID, s.spec.Model), out)
+	if !ok {
+		return out
 	}
 	all, err := s.allReceipts(ctx)
 	if err != nil {
-		return withEvidence(failErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 	}
 	var lines []string
 	for _, p := range positive {
-		d := p.ex.header("X-Llmgw-Endpoint")
+		d := p.ex.Get("X-Llmgw-Endpoint")
 		ph, dh := s.holders(all, RolePrefill, p.rid), s.holders(all, RoleDecode, p.rid)
 		if len(ph) != 1 || len(dh) != 1 || dh[0] != d {
-			out = out.With("receipts.json", mustJSON(all))
-			return withEvidence(runbook.Fail("DELIVERY_NO_RECEIPT", "%s request %s: the gateway names decode %s; prefill receipts on %v, decode receipts on %v (want exactly one each, the decode the named one): read-back and a 2xx are not delivery proof",
+			out = out.With("receipts.json", labkit.MustJSON(all))
+			return labkit.WithEvidence(runbook.Fail("DELIVERY_NO_RECEIPT", "%s request %s: the gateway names decode %s; prefill receipts on %v, decode receipts on %v (want exactly one each, the decode the named one): read-back and a 2xx are not delivery proof",
 				p.kind, p.rid, d, ph, dh), out)
 		}
-		dr, _ := receiptFor(all[d], p.rid)
+		dr, _ := labkit.ReceiptFor(all[d], p.rid)
 		if dr.Stream != p.stream {
-			return withEvidence(runbook.Fail("DELIVERY_MODE", "%s request %s reached decode %s with stream=%v", p.kind, p.rid, d, dr.Stream), out)
+			return labkit.WithEvidence(runbook.Fail("DELIVERY_MODE", "%s request %s reached decode %s with stream=%v", p.kind, p.rid, d, dr.Stream), out)
 		}
 		s.delivered[p.kind] = p.rid
 		lines = append(lines, fmt.Sprintf("%s→%s+%s", p.kind, ph[0], d))
 	}
 	for _, rid := range negRIDs {
 		if h := append(s.holders(all, RolePrefill, rid), s.holders(all, RoleDecode, rid)...); len(h) > 0 {
-			out = out.With("receipts.json", mustJSON(all))
-			return withEvidence(runbook.Fail("NEGATIVE_LEFT_RECEIPT", "negative request %s was refused but left a receipt on %v", rid, h), out)
+			out = out.With("receipts.json", labkit.MustJSON(all))
+			return labkit.WithEvidence(runbook.Fail("NEGATIVE_LEFT_RECEIPT", "negative request %s was refused but left a receipt on %v", rid, h), out)
 		}
 	}
-	return withEvidence(runbook.Pass("JSON and SSE delivered by a decode endpoint (%s), each with exactly one prefill and one decode receipt; unknown model (404) and malformed body (400) left no receipt", strings.Join(lines, ", ")), out)
+	return labkit.WithEvidence(runbook.Pass("JSON and SSE delivered by a decode endpoint (%s), each with exactly one prefill and one decode receipt; unknown model (404) and malformed body (400) left no receipt", strings.Join(lines, ", ")), out)
 }
 
 // ---- 7. hand-off evidence --------------------------------------------------
@@ -695,14 +417,15 @@ func sameJSON(a, b json.RawMessage) bool {
 	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
 		return false
 	}
-	return len(diffJSON(x, y)) == 0
+	diffs, _ := labkit.DiffJSON(x, y)
+	return len(diffs) == 0
 }
 
 func (s *state) handOff(ctx context.Context, _ *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneRoutingEvidence)
 	all, err := s.allReceipts(ctx)
 	if err != nil {
-		return failErr(ctx, "NO_RECEIPT_SOURCE", err)
+		return labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err)
 	}
 	boot := map[string]string{}
 	for _, w := range s.byRole(RolePrefill) {
@@ -714,13 +437,13 @@ func (s *state) handOff(ctx context.Context, _ *runbook.Run) runbook.Outcome {
 		rid := s.delivered[kind]
 		ph, dh := s.holders(all, RolePrefill, rid), s.holders(all, RoleDecode, rid)
 		if len(ph) != 1 || len(dh) != 1 {
-			return withEvidence(runbook.Fail("PD_SPLIT_NOT_PROVEN", "%s request %s: prefill receipts %v, decode receipts %v", kind, rid, ph, dh), out)
+			return labkit.WithEvidence(runbook.Fail("PD_SPLIT_NOT_PROVEN", "%s request %s: prefill receipts %v, decode receipts %v", kind, rid, ph, dh), out)
 		}
 		h := HandOff{RequestID: rid, Prefill: ph[0], Decode: dh[0]}
-		h.PrefillRx, _ = receiptFor(all[ph[0]], rid)
-		h.DecodeRx, _ = receiptFor(all[dh[0]], rid)
+		h.PrefillRx, _ = labkit.ReceiptFor(all[ph[0]], rid)
+		h.DecodeRx, _ = labkit.ReceiptFor(all[dh[0]], rid)
 		h.Checks = CheckHandOff(s.o.Engine, rid, h.PrefillRx, h.DecodeRx, boot[ph[0]])
-		out = out.With("handoff-"+kind+".json", mustJSON(h))
+		out = out.With("handoff-"+kind+".json", labkit.MustJSON(h))
 		for _, c := range h.Checks {
 			n++
 			if !c.OK {
@@ -729,14 +452,14 @@ func (s *state) handOff(ctx context.Context, _ *runbook.Run) runbook.Outcome {
 		}
 	}
 	if len(failed) > 0 {
-		return withEvidence(runbook.Fail("PD_HANDOFF_BROKEN", "%d of %d hand-off checks failed: %s", len(failed), n, strings.Join(failed, "; ")), out)
+		return labkit.WithEvidence(runbook.Fail("PD_HANDOFF_BROKEN", "%d of %d hand-off checks failed: %s", len(failed), n, strings.Join(failed, "; ")), out)
 	}
 	what := map[string]string{
 		profiles.EngineVLLM:   "prefill leg max_tokens 1, kv_transfer_params handed to the decode, KV pulled not recomputed",
 		profiles.EngineSGLang: "the same bootstrap triple (room) on both legs, at the chosen prefill's bootstrap port",
 		profiles.EngineTRTLLM: "context_only then generation_only with the context state carried",
 	}[s.o.Engine]
-	return withEvidence(runbook.Pass("%d hand-off checks hold on the JSON and SSE requests: one request id on both legs; %s", n, what), out)
+	return labkit.WithEvidence(runbook.Pass("%d hand-off checks hold on the JSON and SSE requests: one request id on both legs; %s", n, what), out)
 }
 
 // ---- 9. routing evidence ---------------------------------------------------
@@ -756,8 +479,8 @@ type routed struct {
 }
 
 func (s *state) send(ctx context.Context, rid, prompt string) (routed, error) {
-	ex, err := do(ctx, s.client, http.MethodPost, s.gatewayURL(), s.body(s.spec.Model, prompt, rid, false), map[string]string{"X-Request-Id": rid})
-	rt := routed{RID: rid, Route: ex.header("X-Llmgw-Route"), Decode: ex.header("X-Llmgw-Endpoint"), Cached: -1}
+	ex, err := labkit.Do(ctx, s.client, http.MethodPost, s.gatewayURL(), s.body(s.spec.Model, prompt, rid, false), map[string]string{"X-Request-Id": rid})
+	rt := routed{RID: rid, Route: ex.Get("X-Llmgw-Route"), Decode: ex.Get("X-Llmgw-Endpoint"), Cached: -1}
 	if m := prefillInRoute.FindStringSubmatch(rt.Route); m != nil {
 		rt.Named = m[1]
 	}
@@ -781,7 +504,7 @@ func (s *state) attach(ctx context.Context, rs []routed) error {
 		h := s.holders(all, RolePrefill, rs[i].RID)
 		rs[i].Prefill = strings.Join(h, "+")
 		if len(h) == 1 {
-			rec, _ := receiptFor(all[h[0]], rs[i].RID)
+			rec, _ := labkit.ReceiptFor(all[h[0]], rs[i].RID)
 			rs[i].Cached = rec.CachedTokens
 		}
 	}
@@ -798,19 +521,19 @@ func (s *state) routing(ctx context.Context, r *runbook.Run) runbook.Outcome {
 		rt, err := s.send(ctx, fmt.Sprintf("%s-route-%d", r.ID, i), fmt.Sprintf("P/D routing probe %d of run %s.", i, r.ID))
 		rs = append(rs, rt)
 		if err != nil {
-			return withEvidence(failErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", mustJSON(rs)))
+			return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 		}
 	}
 	if err := s.attach(ctx, rs); err != nil {
-		return withEvidence(failErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 	}
-	out = out.With("requests.json", mustJSON(rs))
+	out = out.With("requests.json", labkit.MustJSON(rs))
 	for _, x := range rs {
 		if x.Named == "" || x.Named != x.Prefill {
-			return withEvidence(runbook.Fail("PD_SPLIT_NOT_PROVEN", "request %s: the route %q names prefill %q, the prefill receipt is on %q", x.RID, x.Route, x.Named, x.Prefill), out)
+			return labkit.WithEvidence(runbook.Fail("PD_SPLIT_NOT_PROVEN", "request %s: the route %q names prefill %q, the prefill receipt is on %q", x.RID, x.Route, x.Named, x.Prefill), out)
 		}
 	}
-	return withEvidence(runbook.Pass("%d requests: the prefill the gateway names in X-Llmgw-Route is the one whose receipt holds the request, every time", len(rs)), out)
+	return labkit.WithEvidence(runbook.Pass("%d requests: the prefill the gateway names in X-Llmgw-Route is the one whose receipt holds the request, every time", len(rs)), out)
 }
 
 func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome {
@@ -819,7 +542,7 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	warm, err := s.send(ctx, r.ID+"-exact-warm", prefix+" First question?")
 	rs := []routed{warm}
 	if err != nil {
-		return withEvidence(failErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", mustJSON(rs)))
+		return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 	}
 	w := warm.Named
 	// The warmed prefill's events must reach the gateway before a
@@ -827,55 +550,55 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	// warm prompt's blocks (at least prompt tokens / block size of them).
 	all, err := s.allReceipts(ctx)
 	if err != nil {
-		return withEvidence(failErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 	}
-	wr, ok := receiptFor(all[w], warm.RID)
+	wr, ok := labkit.ReceiptFor(all[w], warm.RID)
 	if !ok {
-		return withEvidence(runbook.Fail("PD_SPLIT_NOT_PROVEN", "warm request %s: route %q names prefill %q, which has no receipt for it", warm.RID, warm.Route, w), out.With("requests.json", mustJSON(rs)))
+		return labkit.WithEvidence(runbook.Fail("PD_SPLIT_NOT_PROVEN", "warm request %s: route %q names prefill %q, which has no receipt for it", warm.RID, warm.Route, w), out.With("requests.json", labkit.MustJSON(rs)))
 	}
 	want := max(1, wr.PromptTokens/max(1, s.spec.BlockSize))
 	var invRaw []byte
-	why, err := waitFor(ctx, s.o.ReadyTimeout, func() (bool, string) {
+	why, err := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
 		inv, raw, err := s.admin.Inventory(ctx, s.ruleName)
 		if err != nil {
-			return false, err.Error()
+			return false, err.Error(), nil
 		}
 		invRaw = raw
 		for _, ep := range inv.Endpoints {
 			if ep.ID == w {
-				return ep.InventoryBlocks >= want, fmt.Sprintf("prefill %s inventory %d blocks, warm prompt %d", w, ep.InventoryBlocks, want)
+				return ep.InventoryBlocks >= want, fmt.Sprintf("prefill %s inventory %d blocks, warm prompt %d", w, ep.InventoryBlocks, want), nil
 			}
 		}
-		return false, "warmed prefill not in the inventory"
+		return false, "warmed prefill not in the inventory", nil
 	})
 	out = out.With("inventory-after-warm.json", invRaw)
 	if err != nil {
-		return withEvidence(failErr(ctx, "ROUTING_NO_INVENTORY", fmt.Errorf("the warmed prefill's KV events never reached the gateway: %s: %w", why, err)), out.With("requests.json", mustJSON(rs)))
+		return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_NO_INVENTORY", fmt.Errorf("the warmed prefill's KV events never reached the gateway: %s: %w", why, err)), out.With("requests.json", labkit.MustJSON(rs)))
 	}
 	for i := 1; i <= 3; i++ {
 		rt, err := s.send(ctx, fmt.Sprintf("%s-exact-follow-%d", r.ID, i), prefix+fmt.Sprintf(" Follow-up question %d?", i))
 		rs = append(rs, rt)
 		if err != nil {
-			return withEvidence(failErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", mustJSON(rs)))
+			return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 		}
 	}
 	if err := s.attach(ctx, rs); err != nil {
-		return withEvidence(failErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 	}
-	out = out.With("requests.json", mustJSON(rs))
+	out = out.With("requests.json", labkit.MustJSON(rs))
 	for _, x := range rs[1:] {
 		switch {
 		case x.Prefill != w || x.Named != w:
-			return withEvidence(runbook.Fail("ROUTING_NOT_ON_WARMED", "follow-up %s: route %q, prefill receipt on %q; want the warmed prefill %s", x.RID, x.Route, x.Prefill, w), out)
+			return labkit.WithEvidence(runbook.Fail("ROUTING_NOT_ON_WARMED", "follow-up %s: route %q, prefill receipt on %q; want the warmed prefill %s", x.RID, x.Route, x.Prefill, w), out)
 		case !strings.Contains(x.Route, "(kv-exact hit="):
-			return withEvidence(runbook.Fail("ROUTING_NO_KV_HIT", "follow-up %s routed by %q, want a kv-exact hit on the prefill", x.RID, x.Route), out)
+			return labkit.WithEvidence(runbook.Fail("ROUTING_NO_KV_HIT", "follow-up %s routed by %q, want a kv-exact hit on the prefill", x.RID, x.Route), out)
 		case x.Cached <= rs[0].Cached:
-			return withEvidence(runbook.Fail("CACHE_NOT_REUSED", "follow-up %s: prefill %s cached tokens %d, warm request %d: no rise", x.RID, w, x.Cached, rs[0].Cached), out)
+			return labkit.WithEvidence(runbook.Fail("CACHE_NOT_REUSED", "follow-up %s: prefill %s cached tokens %d, warm request %d: no rise", x.RID, w, x.Cached, rs[0].Cached), out)
 		}
 	}
 	if dec, err := s.admin.Decisions(ctx, s.ruleName); err == nil {
 		out = out.With("decisions.json", dec)
 	}
 	last := rs[len(rs)-1]
-	return withEvidence(runbook.Pass("kvExactMode 1: 3 same-prefix follow-ups picked the warmed prefill %s by a kv-exact hit (%s); its cached tokens %d → %d", w, last.Route, rs[0].Cached, last.Cached), out)
+	return labkit.WithEvidence(runbook.Pass("kvExactMode 1: 3 same-prefix follow-ups picked the warmed prefill %s by a kv-exact hit (%s); its cached tokens %d → %d", w, last.Route, rs[0].Cached, last.Cached), out)
 }

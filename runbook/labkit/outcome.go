@@ -1,0 +1,62 @@
+package labkit
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/profiles"
+	"github.com/llmgw/llmgw/runbook"
+)
+
+// CodeInterrupted is the outcome code of a step cut short by the run's
+// context (Ctrl-C).
+const CodeInterrupted = "INTERRUPTED"
+
+// FailErr is the FAIL outcome of err: INTERRUPTED when ctx has ended (the
+// error is then the cancellation's consequence), code otherwise.
+func FailErr(ctx context.Context, code string, err error) runbook.Outcome {
+	if ctx.Err() != nil {
+		return runbook.Fail(CodeInterrupted, "interrupted: %v", err)
+	}
+	return runbook.Fail(code, "%v", err)
+}
+
+// WithEvidence is o carrying base's evidence files before its own, and
+// base's lanes: a step's verdict keeps what the step gathered so far.
+func WithEvidence(o, base runbook.Outcome) runbook.Outcome {
+	o.Evidence = append(slices.Clone(base.Evidence), o.Evidence...)
+	o.Lanes = base.Lanes
+	return o
+}
+
+// IsStatus reports whether err is an admin API answer with HTTP status
+// code.
+func IsStatus(err error, code int) bool {
+	var ae *runbook.AdminError
+	return errors.As(err, &ae) && ae.Status == code
+}
+
+// LaunchFailed is the outcome of a launcher error, with the error kept as
+// launch-error.txt: BLOCKED with the launcher's code when the host cannot
+// provide the workers, else ENGINE_LAUNCH_FAILED (or INTERRUPTED).
+func LaunchFailed(ctx context.Context, launcher string, err error) runbook.Outcome {
+	ev := []byte(err.Error() + "\n")
+	if b := runbook.AsBlocked(err); b != nil {
+		return runbook.Blocked(b.Code, "%s launcher: %s", launcher, b.Detail).With("launch-error.txt", ev)
+	}
+	return FailErr(ctx, "ENGINE_LAUNCH_FAILED", err).With("launch-error.txt", ev)
+}
+
+// EventEncoding is the KV event encoding the simulators of engine publish
+// ("" for an engine whose events have one form only).
+func EventEncoding(engine string) string {
+	switch engine {
+	case profiles.EngineVLLM:
+		return sim.EncodingMap
+	case profiles.EngineSGLang:
+		return sim.EncodingArray
+	}
+	return ""
+}
