@@ -1,10 +1,8 @@
 package cli
 
 import (
-	"errors"
+	"context"
 	"fmt"
-	"log/slog"
-	"os"
 	"strings"
 	"time"
 
@@ -109,13 +107,11 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 	f.IntVar(&opts.Workers, "workers", converged.DefaultWorkers, "number of workers (attach: defaults to the number of --endpoints)")
 	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
 	f.StringVar(&opts.Endpoints, "endpoints", "", "attach: running workers as host:port,...")
-	f.StringVar(&opts.Gateway, "gateway", "", "admin API URL of a running gateway (default: an embedded gateway on loopback)")
-	f.StringVar(&opts.GatewayTokenFile, "gateway-token-file", "", "file holding the external gateway's admin bearer token")
-	f.StringVar(&opts.Out, "out", "./results", "results directory")
+	addLabFlags(f, &opts.Gateway, &opts.GatewayTokenFile, &opts.Out)
 	f.StringSliceVar(&opts.ImageOverrides, "image-override", nil, "docker: KEY=IMAGE with KEY an engine or sim (repeatable)")
 	f.StringVar(&opts.DockerNetwork, "docker-network", "", "docker: join this network instead of creating one for the run")
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s; docker 10m)")
-	f.StringVar(&opts.LogLevel, "log-level", "warn", "embedded gateway log level (logs go to standard error)")
+	addLabLogFlag(f, &opts.LogLevel)
 	cmd.AddCommand(conv)
 	return cmd
 }
@@ -123,14 +119,13 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 // convergedOptions validates the flags and builds the runbook options.
 // Every error is a usage error: nothing has been started yet.
 func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
-	level, err := parseLogLevel(o.LogLevel)
+	logger, err := labLogger(o.IO, o.LogLevel)
 	if err != nil {
 		return nil, err
 	}
 	co := &converged.Options{
 		Engine: o.Engine, Profile: o.Profile, Mode: o.Mode, Workers: o.Workers, GatewayAdmin: o.Gateway,
-		HealthTimeout: o.HealthTimeout,
-		Logger:        slog.New(slog.NewTextHandler(o.IO.ErrOut, &slog.HandlerOptions{Level: level})),
+		HealthTimeout: o.HealthTimeout, Logger: logger,
 	}
 	if o.Workers < 1 || o.Workers > 64 {
 		return nil, usageErrorf("--workers %d: want 1..64", o.Workers)
@@ -175,25 +170,10 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 	default:
 		return nil, usageErrorf("--launcher %q: valid launchers are %s", o.Launcher, strings.Join(launcherNames, ", "))
 	}
-	if o.GatewayTokenFile != "" {
-		if o.Gateway == "" {
-			return nil, usageErrorf("--gateway-token-file needs --gateway")
-		}
-		b, err := os.ReadFile(o.GatewayTokenFile)
-		if err != nil {
-			return nil, usageErrorf("--gateway-token-file: %v", err)
-		}
-		co.GatewayToken = strings.TrimSpace(string(b))
+	if co.GatewayToken, err = labGatewayToken(o.Gateway, o.GatewayTokenFile); err != nil {
+		return nil, err
 	}
-	if o.Gateway != "" {
-		if _, err := runbook.NewAdmin(o.Gateway, "", nil); err != nil {
-			return nil, usageErrorf("--gateway: %v", err)
-		}
-	}
-	if err := co.Validate(); err != nil {
-		if errors.Is(err, converged.ErrInvalid) {
-			return nil, &UsageError{Err: err}
-		}
+	if err := labValidated(co.Validate(), converged.ErrInvalid); err != nil {
 		return nil, err
 	}
 	return co, nil
@@ -204,33 +184,9 @@ func runbookConvergedRun(cmd *cobra.Command, o *RunbookOptions) error {
 	if err != nil {
 		return err
 	}
-	store, err := results.Open(o.Out)
-	if err != nil {
-		return err
-	}
-	ctx := cmd.Context()
-	rep, err := converged.Execute(ctx, co, store, o.Out, runbook.NewProgress(o.IO.ErrOut, o.IO.OutTTY))
-	if err != nil && rep.Summary.ID == "" {
-		return err
-	}
-	if run, gerr := store.Get(rep.Summary.ID); gerr == nil {
-		fmt.Fprintln(o.IO.Out)
-		if werr := results.WriteRunDetail(o.IO.Out, run, o.IO.OutTTY); werr != nil {
-			err = errors.Join(err, werr)
-		}
-	}
-	fmt.Fprintln(o.IO.Out)
-	rows := []results.RunSummary{rep.Summary}
-	if o.IO.OutTTY {
-		err = errors.Join(err, results.WriteTable(o.IO.Out, rows))
-	} else {
-		err = errors.Join(err, results.WriteTSV(o.IO.Out, rows))
-	}
-	fmt.Fprintf(o.IO.ErrOut, "results: %s (llmgw results show %s --out %s)\n", store.RunDir(rep.Summary.ID), rep.Summary.ID, o.Out)
-	if err != nil {
-		return err
-	}
-	return runbookExit(rep)
+	return runLab(cmd, o.IO, o.Out, func(ctx context.Context, store *results.Store, prog runbook.Progress) (runbook.Report, error) {
+		return converged.Execute(ctx, co, store, o.Out, prog)
+	})
 }
 
 // runbookExit maps a run to its exit code: interrupted 130 (cleanup has

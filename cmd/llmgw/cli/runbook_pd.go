@@ -1,10 +1,7 @@
 package cli
 
 import (
-	"errors"
-	"fmt"
-	"log/slog"
-	"os"
+	"context"
 	"strings"
 	"time"
 
@@ -96,23 +93,21 @@ Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 	f.StringVar(&opts.PrefillEndpoints, "prefill-endpoints", "", "attach: running prefill workers as host:port,...")
 	f.StringVar(&opts.DecodeEndpoints, "decode-endpoints", "", "attach: running decode workers as host:port,...")
 	f.IntVar(&opts.BootstrapPort, "bootstrap-port", 0, "attach, sglang: the prefills' bootstrap port when they do not report it (default 8998)")
-	f.StringVar(&opts.Gateway, "gateway", "", "admin API URL of a running gateway (default: an embedded gateway on loopback)")
-	f.StringVar(&opts.GatewayTokenFile, "gateway-token-file", "", "file holding the external gateway's admin bearer token")
-	f.StringVar(&opts.Out, "out", "./results", "results directory")
+	addLabFlags(f, &opts.Gateway, &opts.GatewayTokenFile, &opts.Out)
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s)")
-	f.StringVar(&opts.LogLevel, "log-level", "warn", "embedded gateway log level (logs go to standard error)")
+	addLabLogFlag(f, &opts.LogLevel)
 	return cmd
 }
 
 // pdOptions validates the flags; every error is a usage error.
 func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
-	level, err := parseLogLevel(o.LogLevel)
+	logger, err := labLogger(o.IO, o.LogLevel)
 	if err != nil {
 		return nil, err
 	}
 	po := &pd.Options{
 		Engine: o.Engine, Profile: o.Profile, KVExact: o.KVExact, Prefill: o.Prefill, Decode: o.Decode, GatewayAdmin: o.Gateway,
-		HealthTimeout: o.HealthTimeout, Logger: slog.New(slog.NewTextHandler(o.IO.ErrOut, &slog.HandlerOptions{Level: level})),
+		HealthTimeout: o.HealthTimeout, Logger: logger,
 	}
 	if (o.PrefillEndpoints != "" || o.DecodeEndpoints != "" || o.BootstrapPort != 0) && o.Launcher != results.LauncherAttach {
 		return nil, usageErrorf("--prefill-endpoints, --decode-endpoints and --bootstrap-port need --launcher attach (got --launcher %s)", o.Launcher)
@@ -143,25 +138,10 @@ func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
 	default:
 		return nil, usageErrorf("--launcher %q: valid launchers are %s", o.Launcher, strings.Join(launcherNames, ", "))
 	}
-	if o.GatewayTokenFile != "" {
-		if o.Gateway == "" {
-			return nil, usageErrorf("--gateway-token-file needs --gateway")
-		}
-		b, err := os.ReadFile(o.GatewayTokenFile)
-		if err != nil {
-			return nil, usageErrorf("--gateway-token-file: %v", err)
-		}
-		po.GatewayToken = strings.TrimSpace(string(b))
+	if po.GatewayToken, err = labGatewayToken(o.Gateway, o.GatewayTokenFile); err != nil {
+		return nil, err
 	}
-	if o.Gateway != "" {
-		if _, err := runbook.NewAdmin(o.Gateway, "", nil); err != nil {
-			return nil, usageErrorf("--gateway: %v", err)
-		}
-	}
-	if err := po.Validate(); err != nil {
-		if errors.Is(err, pd.ErrInvalid) {
-			return nil, &UsageError{Err: err}
-		}
+	if err := labValidated(po.Validate(), pd.ErrInvalid); err != nil {
 		return nil, err
 	}
 	return po, nil
@@ -172,28 +152,7 @@ func runbookPDRun(cmd *cobra.Command, o *RunbookPDOptions) error {
 	if err != nil {
 		return err
 	}
-	store, err := results.Open(o.Out)
-	if err != nil {
-		return err
-	}
-	rep, err := pd.Execute(cmd.Context(), po, store, o.Out, runbook.NewProgress(o.IO.ErrOut, o.IO.OutTTY))
-	if err != nil && rep.Summary.ID == "" {
-		return err
-	}
-	if run, gerr := store.Get(rep.Summary.ID); gerr == nil {
-		fmt.Fprintln(o.IO.Out)
-		err = errors.Join(err, results.WriteRunDetail(o.IO.Out, run, o.IO.OutTTY))
-	}
-	fmt.Fprintln(o.IO.Out)
-	rows := []results.RunSummary{rep.Summary}
-	if o.IO.OutTTY {
-		err = errors.Join(err, results.WriteTable(o.IO.Out, rows))
-	} else {
-		err = errors.Join(err, results.WriteTSV(o.IO.Out, rows))
-	}
-	fmt.Fprintf(o.IO.ErrOut, "results: %s (llmgw results show %s --out %s)\n", store.RunDir(rep.Summary.ID), rep.Summary.ID, o.Out)
-	if err != nil {
-		return err
-	}
-	return runbookExit(rep)
+	return runLab(cmd, o.IO, o.Out, func(ctx context.Context, store *results.Store, prog runbook.Progress) (runbook.Report, error) {
+		return pd.Execute(ctx, po, store, o.Out, prog)
+	})
 }

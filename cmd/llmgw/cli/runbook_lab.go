@@ -1,0 +1,105 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/llmgw/llmgw/results"
+	"github.com/llmgw/llmgw/runbook"
+)
+
+// What the lab runbook commands (`llmgw runbook converged` and `llmgw
+// runbook pd`) share: the gateway, results and log flags, their checks,
+// and how a finished run is printed and turned into an exit code.
+
+// addLabFlags registers --gateway, --gateway-token-file and --out on f,
+// bound to the given fields. --log-level is registered by addLabLogFlag.
+func addLabFlags(f *pflag.FlagSet, gateway, tokenFile, out *string) {
+	f.StringVar(gateway, "gateway", "", "admin API URL of a running gateway (default: an embedded gateway on loopback)")
+	f.StringVar(tokenFile, "gateway-token-file", "", "file holding the external gateway's admin bearer token")
+	f.StringVar(out, "out", "./results", "results directory")
+}
+
+// addLabLogFlag registers --log-level on f, bound to level.
+func addLabLogFlag(f *pflag.FlagSet, level *string) {
+	f.StringVar(level, "log-level", "warn", "embedded gateway log level (logs go to standard error)")
+}
+
+// labLogger is the embedded gateway's logger at level, on standard error;
+// a bad level is a usage error.
+func labLogger(io *IOStreams, level string) (*slog.Logger, error) {
+	l, err := parseLogLevel(level)
+	if err != nil {
+		return nil, err
+	}
+	return slog.New(slog.NewTextHandler(io.ErrOut, &slog.HandlerOptions{Level: l})), nil
+}
+
+// labGatewayToken checks --gateway and --gateway-token-file and returns
+// the token ("" without a file). Every error is a usage error.
+func labGatewayToken(gateway, tokenFile string) (string, error) {
+	var token string
+	if tokenFile != "" {
+		if gateway == "" {
+			return "", usageErrorf("--gateway-token-file needs --gateway")
+		}
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return "", usageErrorf("--gateway-token-file: %v", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	if gateway != "" {
+		if _, err := runbook.NewAdmin(gateway, "", nil); err != nil {
+			return "", usageErrorf("--gateway: %v", err)
+		}
+	}
+	return token, nil
+}
+
+// labValidated maps a runbook's Validate error: one wrapping invalid (bad
+// options, nothing started) is a usage error, others pass through.
+func labValidated(err, invalid error) error {
+	if err != nil && errors.Is(err, invalid) {
+		return &UsageError{Err: err}
+	}
+	return err
+}
+
+// runLab opens the results store at out, runs exec with progress on
+// standard error, prints the run's detail and summary row, and maps the
+// run to its exit code (runbookExit). An error before the run has an ID
+// is returned as is.
+func runLab(cmd *cobra.Command, io *IOStreams, out string, exec func(context.Context, *results.Store, runbook.Progress) (runbook.Report, error)) error {
+	store, err := results.Open(out)
+	if err != nil {
+		return err
+	}
+	rep, err := exec(cmd.Context(), store, runbook.NewProgress(io.ErrOut, io.OutTTY))
+	if err != nil && rep.Summary.ID == "" {
+		return err
+	}
+	if run, gerr := store.Get(rep.Summary.ID); gerr == nil {
+		fmt.Fprintln(io.Out)
+		err = errors.Join(err, results.WriteRunDetail(io.Out, run, io.OutTTY))
+	}
+	fmt.Fprintln(io.Out)
+	rows := []results.RunSummary{rep.Summary}
+	if io.OutTTY {
+		err = errors.Join(err, results.WriteTable(io.Out, rows))
+	} else {
+		err = errors.Join(err, results.WriteTSV(io.Out, rows))
+	}
+	fmt.Fprintf(io.ErrOut, "results: %s (llmgw results show %s --out %s)\n", store.RunDir(rep.Summary.ID), rep.Summary.ID, out)
+	if err != nil {
+		return err
+	}
+	return runbookExit(rep)
+}
