@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,9 +14,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmgw/llmgw/bench/loadgen"
+	"github.com/llmgw/llmgw/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
@@ -253,22 +250,7 @@ func TestMarkdownGolden(t *testing.T) {
 		}
 		got.WriteString("\n---\n\n")
 	}
-	path := filepath.Join("testdata", "report.golden")
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create)", err)
-	}
-	if !bytes.Equal(got.Bytes(), want) {
-		t.Errorf("output differs from %s:\ngot:\n%s\nwant:\n%s", path, got.Bytes(), want)
-	}
+	golden.File(t, "report.golden", got.Bytes())
 }
 
 func TestConfigFiles(t *testing.T) {

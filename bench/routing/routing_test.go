@@ -5,11 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"image/png"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,9 +17,8 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/engines/tokenizer"
+	"github.com/llmgw/llmgw/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
@@ -299,19 +295,7 @@ func TestOutputGolden(t *testing.T) {
 			if err := tc.write(&got); err != nil {
 				t.Fatal(err)
 			}
-			path := filepath.Join("testdata", tc.file)
-			if *update {
-				if err := os.WriteFile(path, got.Bytes(), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run with -update to create)", err)
-			}
-			if !bytes.Equal(got.Bytes(), want) {
-				t.Errorf("%s differs from %s:\ngot:\n%s\nwant:\n%s", tc.name, path, got.Bytes(), want)
-			}
+			golden.File(t, tc.file, got.Bytes())
 		})
 	}
 }
