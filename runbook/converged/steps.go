@@ -19,32 +19,19 @@ import (
 
 func (s *state) selectTuple(_ context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
-	p, err := o.Catalog.Get(o.Profile)
-	if err != nil {
-		return runbook.Fail("UNKNOWN_PROFILE", "%v", err)
-	}
-	s.profile = p
 	ver, _ := o.Catalog.Versions().For(o.Engine)
-	info := map[string]any{
-		"engine": o.Engine, "engine_version": ver.Version, "engine_image": ver.Image, "contract": ver.Contract,
-		"backend": ver.Backend, "profile": p.ID, "model": p.Model.Repo, "revision": p.Model.Revision,
-		"served_name": p.Model.ServedName, "api_mode": p.APIMode, "mode": o.Mode, "topology": "converged",
-		"workers": o.Workers, "launcher": o.Launcher.Name(), "simulated_workers": o.Launcher.Simulated(),
-		"kv_hash_seed": o.Catalog.KVHashSeed(),
-	}
-	es, launch, fail, ok := labkit.Resolve(o.Catalog, o.Engine, p, info)
+	sel, fail, ok := labkit.Select(r, o.Catalog, labkit.Tuple{
+		Engine: o.Engine, Profile: o.Profile, Topology: "converged", Launcher: o.Launcher, Workers: o.Workers, KVEvents: o.Mode == "exact",
+		Extra: map[string]any{"contract": ver.Contract, "mode": o.Mode, "workers": o.Workers},
+	})
+	s.profile = sel.Profile
 	if !ok {
 		return fail
 	}
-	s.launchSpec = launch
-	s.seed = o.Catalog.KVHashSeed()
-	s.spec = runbook.LaunchSpec{
-		RunID: r.ID, Engine: o.Engine, Profile: p, Launch: launch, Model: p.Model.ServedName, Workers: o.Workers,
-		BlockSize: es.BlockSize, HashSeed: s.seed, EventEncoding: labkit.EventEncoding(o.Engine), KVEvents: o.Mode == "exact",
-		Ledger: labkit.LedgerOf(r),
-	}
+	s.launchSpec, s.spec, s.seed = sel.Launch, sel.Spec, sel.Spec.HashSeed
+	p := sel.Profile
 	return runbook.Pass("%s %s × %s (%s), mode %s, %d %s workers", o.Engine, ver.Version, p.ID, p.Model.ServedName, o.Mode, o.Workers, o.Launcher.Name()).
-		With("tuple.json", labkit.MustJSON(info))
+		With("tuple.json", labkit.MustJSON(sel.Info))
 }
 
 // ---- 2. launch workers -----------------------------------------------------

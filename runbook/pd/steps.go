@@ -25,30 +25,19 @@ import (
 
 func (s *state) selectTuple(_ context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
-	p, err := o.Catalog.Get(o.Profile)
-	if err != nil {
-		return runbook.Fail("UNKNOWN_PROFILE", "%v", err)
-	}
-	s.profile = p
-	ver, _ := o.Catalog.Versions().For(o.Engine)
-	info := map[string]any{
-		"engine": o.Engine, "engine_version": ver.Version, "engine_image": ver.Image, "backend": ver.Backend,
-		"profile": p.ID, "model": p.Model.Repo, "revision": p.Model.Revision, "served_name": p.Model.ServedName,
-		"api_mode": p.APIMode, "topology": Topology, "kv_exact_mode": map[bool]int{true: 1, false: 0}[o.KVExact],
-		"prefill": o.Prefill, "decode": o.Decode, "launcher": o.Launcher.Name(), "simulated_workers": o.Launcher.Simulated(),
-		"kv_hash_seed": o.Catalog.KVHashSeed(),
-	}
-	es, launch, fail, ok := labkit.Resolve(o.Catalog, o.Engine, p, info)
+	kvMode := map[bool]int{true: 1, false: 0}[o.KVExact]
+	sel, fail, ok := labkit.Select(r, o.Catalog, labkit.Tuple{
+		Engine: o.Engine, Profile: o.Profile, Topology: Topology, Launcher: o.Launcher, Workers: o.Prefill + o.Decode, KVEvents: o.KVExact,
+		Extra: map[string]any{"kv_exact_mode": kvMode, "prefill": o.Prefill, "decode": o.Decode},
+	})
+	s.profile = sel.Profile
 	if !ok {
 		return fail
 	}
-	s.seed = o.Catalog.KVHashSeed()
-	s.spec = runbook.LaunchSpec{
-		RunID: r.ID, Engine: o.Engine, Profile: p, Launch: launch, Model: p.Model.ServedName, Workers: o.Prefill + o.Decode,
-		BlockSize: es.BlockSize, HashSeed: s.seed, EventEncoding: labkit.EventEncoding(o.Engine), KVEvents: o.KVExact, Ledger: labkit.LedgerOf(r),
-	}
-	return runbook.Pass("%s %s × %s (%s), P/D %d prefill + %d decode, kvExactMode %d, %s workers", o.Engine, ver.Version, p.ID,
-		p.Model.ServedName, o.Prefill, o.Decode, info["kv_exact_mode"], o.Launcher.Name()).With("tuple.json", labkit.MustJSON(info))
+	s.spec, s.seed = sel.Spec, sel.Spec.HashSeed
+	p := sel.Profile
+	return runbook.Pass("%s %s × %s (%s), P/D %d prefill + %d decode, kvExactMode %d, %s workers", o.Engine, sel.Version.Version, p.ID,
+		p.Model.ServedName, o.Prefill, o.Decode, kvMode, o.Launcher.Name()).With("tuple.json", labkit.MustJSON(sel.Info))
 }
 
 // ---- 2. launch workers -----------------------------------------------------
