@@ -46,6 +46,7 @@ type options struct {
 	errorRate  float64
 	maxTokens  int
 	inflight   int
+	drain      time.Duration
 }
 
 func main() {
@@ -59,6 +60,7 @@ func main() {
 	flag.Float64Var(&o.errorRate, "engine-error-rate", 0.001, "injected engine 5xx rate on the third worker (to prove the classification)")
 	flag.IntVar(&o.maxTokens, "max-tokens", 16, "max_tokens of every request")
 	flag.IntVar(&o.inflight, "max-inflight", 4000, "cap on concurrent requests; a tick that finds the cap reached is counted as shed")
+	flag.DurationVar(&o.drain, "drain", 150*time.Second, "after the load, how long to wait for the gateway's fds and goroutines to return to their pre-load level (its idle worker connections live 90 s)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -232,33 +234,38 @@ loop:
 	sampleTick.Stop()
 	wg.Wait()
 	tr.CloseIdleConnections()
-	// The last sample is taken after the load stopped and client
-	// connections closed: it shows what the gateway holds at rest.
-	waitQuiet(procCtx, gw)
-	takeSample()
 	elapsed := time.Since(start)
-	return writeReport(o, &c, samples, elapsed)
+	// After the load: what the gateway holds right away (its pooled
+	// worker connections), then after its idle timeouts have run out.
+	takeSample()
+	d := drain(procCtx, gw, samples[0], o.drain)
+	takeSample()
+	return writeReport(o, &c, samples, elapsed, d)
 }
 
-// waitQuiet gives the gateway up to 5 s to close the connections the load
-// left behind (polling its open fds until they stop falling).
-func waitQuiet(ctx context.Context, gw *harness.Gateway) {
-	deadline := time.Now().Add(5 * time.Second)
-	last := -1.0
-	for time.Now().Before(deadline) {
+// drainResult says whether the gateway's open fds and goroutines came back
+// to their pre-load level (plus slack) after the load, and how long it took.
+type drainResult struct {
+	back bool
+	took time.Duration
+}
+
+// drain polls the gateway every 5 s for up to limit until its open fds and
+// goroutines are back within 10 of base.
+func drain(ctx context.Context, gw *harness.Gateway, base sample, limit time.Duration) drainResult {
+	start := time.Now()
+	for {
 		m, err := gw.Scrape(ctx)
-		if err != nil {
-			return
+		if err == nil && m.Sum("process_open_fds") <= base.openFDs+10 && m.Sum("go_goroutines") <= base.goroutines+10 {
+			return drainResult{back: true, took: time.Since(start)}
 		}
-		fds := m.Sum("process_open_fds")
-		if fds == last {
-			return
+		if time.Since(start) >= limit {
+			return drainResult{took: time.Since(start)}
 		}
-		last = fds
 		select {
 		case <-ctx.Done():
-			return
-		case <-time.After(500 * time.Millisecond):
+			return drainResult{took: time.Since(start)}
+		case <-time.After(5 * time.Second):
 		}
 	}
 }

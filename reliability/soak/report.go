@@ -12,10 +12,11 @@ import (
 )
 
 // trend compares the median of the first and last thirds of the samples
-// taken under load (the first and final at-rest samples excluded).
+// taken under load (the first sample, before the load, and the last two,
+// right after it and after the drain, excluded).
 type trend struct {
-	name                             string
-	rest0, first, last, restEnd, max float64
+	name                                      string
+	rest0, first, last, max, restNow, drained float64
 }
 
 func trendOf(name string, ss []sample, v func(sample) float64) trend {
@@ -23,11 +24,12 @@ func trendOf(name string, ss []sample, v func(sample) float64) trend {
 	if len(ss) == 0 {
 		return t
 	}
-	t.rest0, t.restEnd = v(ss[0]), v(ss[len(ss)-1])
-	load := ss[1 : len(ss)-1]
-	if len(load) == 0 {
-		load = ss
+	t.rest0 = v(ss[0])
+	if len(ss) < 4 {
+		return t
 	}
+	t.restNow, t.drained = v(ss[len(ss)-2]), v(ss[len(ss)-1])
+	load := ss[1 : len(ss)-2]
 	third := max(len(load)/3, 1)
 	med := func(part []sample) float64 {
 		xs := make([]float64, len(part))
@@ -48,7 +50,7 @@ func trendOf(name string, ss []sample, v func(sample) float64) trend {
 // small absolute values) of the first third's.
 func (t trend) flat(slack float64) bool { return t.last <= t.first*1.10+slack }
 
-func writeReport(o options, c *counters, ss []sample, elapsed time.Duration) error {
+func writeReport(o options, c *counters, ss []sample, elapsed time.Duration, d drainResult) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return fmt.Errorf("soak: report dir: %w", err)
 	}
@@ -82,11 +84,16 @@ func writeReport(o options, c *counters, ss []sample, elapsed time.Duration) err
 	fmt.Fprintf(&md, "| **5xx caused by the gateway** (no X-Llmgw-Endpoint) | **%d** |\n| 5xx from the engine, relayed (injected error_rate on w3) | %d |\n", c.gateway5xx.Load(), c.engine5xx.Load())
 	fmt.Fprintf(&md, "| 4xx | %d |\n| transport errors (connect, reset, timeout, bad body) | %d |\n| streams without [DONE] or with an error event | %d |\n| shed by the load generator (in-flight cap %d) | %d |\n\n",
 		c.other4xx.Load(), c.transport.Load(), c.brokenStream.Load(), o.inflight, c.shed.Load())
-	fmt.Fprintf(&md, "## Gateway resources (from its /metrics)\n\nFirst/last third = median of the samples under load; rest = before the load and after it stopped.\n\n")
-	fmt.Fprintf(&md, "| series | at rest before | first third | last third | max under load | at rest after | flat |\n|---|---:|---:|---:|---:|---:|---|\n")
+	fmt.Fprintf(&md, "## Gateway resources (from its /metrics)\n\nFirst/last third = median of the samples under load. After the load: right away (the gateway still pools its worker connections, 90 s idle timeout) and after the drain wait.\n\n")
+	fmt.Fprintf(&md, "| series | before the load | first third | last third | max under load | right after | after the drain | flat |\n|---|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, tr := range trends {
 		t := tr.t
-		fmt.Fprintf(&md, "| %s | %.1f%s | %.1f%s | %.1f%s | %.1f%s | %.1f%s | %v |\n", t.name, t.rest0, tr.unit, t.first, tr.unit, t.last, tr.unit, t.max, tr.unit, t.restEnd, tr.unit, yes(t.flat(tr.slack)))
+		fmt.Fprintf(&md, "| %s | %.1f%s | %.1f%s | %.1f%s | %.1f%s | %.1f%s | %.1f%s | %v |\n", t.name, t.rest0, tr.unit, t.first, tr.unit, t.last, tr.unit, t.max, tr.unit, t.restNow, tr.unit, t.drained, tr.unit, yes(t.flat(tr.slack)))
+	}
+	if d.back {
+		fmt.Fprintf(&md, "\nAfter the load, open fds and goroutines were back within 10 of their pre-load level in %v.\n", d.took.Round(time.Second))
+	} else {
+		fmt.Fprintf(&md, "\n**After the load, open fds and goroutines were NOT back within 10 of their pre-load level after %v.**\n", d.took.Round(time.Second))
 	}
 	fmt.Fprintf(&md, "\nFlat means the last third's median is within 10 %% of the first third's (plus a small absolute slack).\n\n## Timeline (one row a minute)\n\n")
 	fmt.Fprintf(&md, "| t | goroutines | heap MiB | fds | sent | gw 5xx | engine 5xx | transport | broken streams | p50 ms | p99 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
