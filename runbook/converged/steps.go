@@ -114,13 +114,6 @@ func (s *state) stopWorkers(ctx context.Context) error {
 // chat reports whether the profile is served through chat completions.
 func (s *state) chat() bool { return s.profile.APIMode == "chat" }
 
-func (s *state) path() string { return labkit.CompletionPath(s.chat()) }
-
-// body is a small completion request carrying nonce (see labkit.RequestBody).
-func (s *state) body(model, prompt, nonce string, stream bool) []byte {
-	return labkit.RequestBody(s.chat(), model, prompt, nonce, stream)
-}
-
 // longPrompt is a prompt of many KV blocks (longer than CHWBL's default
 // 2048 prefix bytes) whose text is unique to the run
 // and topic, so no earlier request warmed it by chance.
@@ -142,8 +135,8 @@ func (s *state) direct(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Pass("").For(runbook.LaneDirectWorker)
 	for _, w := range s.workers {
 		nonce := r.ID + "-direct-" + w.ID
-		ex, err := labkit.Do(ctx, s.client, http.MethodPost, "http://"+w.HTTP+s.path(),
-			s.body(s.spec.Model, "Direct check of worker "+w.ID+" in run "+r.ID+": reply with one word.", nonce, false),
+		ex, err := labkit.Do(ctx, s.client, http.MethodPost, "http://"+w.HTTP+labkit.CompletionPath(s.chat()),
+			labkit.RequestBody(s.chat(), s.spec.Model, "Direct check of worker "+w.ID+" in run "+r.ID+": reply with one word.", nonce, false),
 			map[string]string{"X-Request-Id": nonce})
 		out = out.With(w.ID+"-exchange.json", ex.JSON())
 		if err != nil {
@@ -235,22 +228,11 @@ func (s *state) readBack(ctx context.Context, _ *runbook.Run) runbook.Outcome {
 		return labkit.WithEvidence(runbook.Fail("READBACK_MISMATCH", "effective rule differs from what was applied in %d field(s): %s", len(diffs), strings.Join(diffs, "; ")), out)
 	}
 	exact := s.applied.KVExactMode != 0
-	var last *gateway.RuleStatus
-	why, err := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
-		st, _, err := s.admin.Rule(ctx, s.ruleName)
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		last = st
-		return readinessHolds(st, exact)
-	})
-	if last != nil {
-		out = out.With("readiness.json", labkit.MustJSON(last.Status))
+	last, addr, out, ok := labkit.AwaitReady(ctx, s.admin, s.ruleName, s.o.ReadyTimeout, func(st *gateway.RuleStatus) (bool, string) { return readinessHolds(st, exact) }, out)
+	if !ok {
+		return out
 	}
-	if err != nil {
-		return labkit.WithEvidence(labkit.FailErr(ctx, "NOT_READY", fmt.Errorf("readiness conditions did not hold within %v: %s", s.o.ReadyTimeout, why)), out)
-	}
-	s.dataAddr = labkit.DataAddress(last.Status.Address, s.admin.Base())
+	s.dataAddr = addr
 	reason := fmt.Sprintf("effective rule equals the applied one (%d fields compared, defaults resolved); %d/%d endpoints healthy and available", compared, len(last.Status.Endpoints), len(s.workers))
 	if exact {
 		reason += "; every KV event stream connected (the inventory condition needs traffic: proved in routing evidence)"
@@ -259,23 +241,23 @@ func (s *state) readBack(ctx context.Context, _ *runbook.Run) runbook.Outcome {
 }
 
 // readinessHolds checks the readiness conditions a read-back can see.
-func readinessHolds(st *gateway.RuleStatus, exact bool) (bool, string, error) {
+func readinessHolds(st *gateway.RuleStatus, exact bool) (bool, string) {
 	if !st.Status.Ready {
-		return false, "rule not ready (no available endpoint)", nil
+		return false, "rule not ready (no available endpoint)"
 	}
 	for _, ep := range st.Status.Endpoints {
 		switch {
 		case !ep.Healthy || !ep.Available:
-			return false, fmt.Sprintf("endpoint %s healthy=%v available=%v", ep.ID, ep.Healthy, ep.Available), nil
+			return false, fmt.Sprintf("endpoint %s healthy=%v available=%v", ep.ID, ep.Healthy, ep.Available)
 		case ep.Draining:
-			return false, fmt.Sprintf("endpoint %s is draining", ep.ID), nil
+			return false, fmt.Sprintf("endpoint %s is draining", ep.ID)
 		case exact && ep.KV == nil:
-			return false, fmt.Sprintf("endpoint %s has no KV status", ep.ID), nil
+			return false, fmt.Sprintf("endpoint %s has no KV status", ep.ID)
 		case exact && !ep.KV.EventsConnected:
-			return false, fmt.Sprintf("endpoint %s: KV event stream not connected (admission %q)", ep.ID, ep.KV.Admission), nil
+			return false, fmt.Sprintf("endpoint %s: KV event stream not connected (admission %q)", ep.ID, ep.KV.Admission)
 		}
 	}
-	return true, "", nil
+	return true, ""
 }
 
 func diffText(diffs []string, compared int) string {

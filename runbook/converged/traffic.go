@@ -12,7 +12,7 @@ import (
 	"github.com/llmgw/llmgw/runbook/labkit"
 )
 
-func (s *state) gatewayURL() string { return "http://" + s.dataAddr + s.path() }
+func (s *state) gatewayURL() string { return "http://" + s.dataAddr + labkit.CompletionPath(s.chat()) }
 
 func (s *state) workerIDs() []string {
 	ids := make([]string, len(s.workers))
@@ -34,7 +34,7 @@ func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	var positive []sent
 	for _, stream := range []bool{false, true} {
 		kind, rid := labkit.Kind(stream), r.ID+"-deliver-"+labkit.Kind(stream)
-		ex, o, ok := labkit.Deliver(ctx, s.client, s.gatewayURL(), rid, s.body(s.spec.Model, "Delivery check ("+kind+") for run "+r.ID+".", rid, stream), stream, out)
+		ex, o, ok := labkit.Deliver(ctx, s.client, s.gatewayURL(), rid, labkit.RequestBody(s.chat(), s.spec.Model, "Delivery check ("+kind+") for run "+r.ID+".", rid, stream), stream, out)
 		if out = o; !ok {
 			return out
 		}
@@ -99,7 +99,7 @@ type routed struct {
 }
 
 func (s *state) send(ctx context.Context, rid, prompt string) (routed, labkit.Exchange, error) {
-	ex, err := labkit.Do(ctx, s.client, http.MethodPost, s.gatewayURL(), s.body(s.spec.Model, prompt, rid, false), map[string]string{"X-Request-Id": rid})
+	ex, err := labkit.Do(ctx, s.client, http.MethodPost, s.gatewayURL(), labkit.RequestBody(s.chat(), s.spec.Model, prompt, rid, false), map[string]string{"X-Request-Id": rid})
 	rt := routed{RID: rid, Status: ex.Status, Endpoint: ex.Get("X-Llmgw-Endpoint"), Route: ex.Get("X-Llmgw-Route"), Cached: -1}
 	if err != nil {
 		return rt, ex, err

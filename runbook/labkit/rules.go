@@ -272,3 +272,28 @@ func Apply(ctx context.Context, r *runbook.Run, o ApplyOptions) (a Applied, out 
 	out, ok = CreateRule(ctx, admin, o.Name, body)
 	return a, out, ok
 }
+
+// AwaitReady polls rule name on admin until ready holds for its status or
+// timeout passes, and adds the last status seen to out as readiness.json.
+// With ok it returns that status and the data-plane address to send
+// traffic to (DataAddress); otherwise out is the step's FAIL NOT_READY
+// (or INTERRUPTED), saying what last did not hold. A failing read is
+// retried: readiness may follow a restart of the admin API.
+func AwaitReady(ctx context.Context, admin *runbook.Admin, name string, timeout time.Duration, ready func(*gateway.RuleStatus) (bool, string), out runbook.Outcome) (last *gateway.RuleStatus, dataAddr string, _ runbook.Outcome, ok bool) {
+	why, err := WaitFor(ctx, timeout, func() (bool, string, error) {
+		st, _, err := admin.Rule(ctx, name)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		last = st
+		ok, why := ready(st)
+		return ok, why, nil
+	})
+	if last != nil {
+		out = out.With("readiness.json", MustJSON(last.Status))
+	}
+	if err != nil {
+		return last, "", WithEvidence(FailErr(ctx, "NOT_READY", fmt.Errorf("readiness conditions did not hold within %v: %s", timeout, why)), out), false
+	}
+	return last, DataAddress(last.Status.Address, admin.Base()), out, true
+}

@@ -105,13 +105,6 @@ func (s *state) stopWorkers(ctx context.Context) error {
 
 func (s *state) chat() bool { return s.profile.APIMode == "chat" }
 
-func (s *state) path() string { return labkit.CompletionPath(s.chat()) }
-
-// body is a small completion request carrying nonce (see labkit.RequestBody).
-func (s *state) body(model, prompt, nonce string, stream bool) []byte {
-	return labkit.RequestBody(s.chat(), model, prompt, nonce, stream)
-}
-
 // longPrompt spans many KV blocks and is unique to the run and topic.
 func longPrompt(runID, topic string) string {
 	var b strings.Builder
@@ -138,8 +131,8 @@ func (s *state) direct(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneDirectWorker)
 	for _, w := range s.workers {
 		nonce := r.ID + "-direct-" + w.ID
-		ex, err := labkit.Do(ctx, s.client, http.MethodPost, "http://"+w.HTTP+s.path(),
-			s.body(s.spec.Model, "Direct check of "+w.Role+" worker "+w.ID+" in run "+r.ID+".", nonce, false), map[string]string{"X-Request-Id": nonce})
+		ex, err := labkit.Do(ctx, s.client, http.MethodPost, "http://"+w.HTTP+labkit.CompletionPath(s.chat()),
+			labkit.RequestBody(s.chat(), s.spec.Model, "Direct check of "+w.Role+" worker "+w.ID+" in run "+r.ID+".", nonce, false), map[string]string{"X-Request-Id": nonce})
 		out = out.With(w.ID+"-exchange.json", ex.JSON())
 		if err != nil {
 			return labkit.WithEvidence(labkit.FailErr(ctx, "DIRECT_REQUEST_FAILED", fmt.Errorf("worker %s: %w", w.ID, err)), out)
@@ -226,23 +219,11 @@ func (s *state) readBack(ctx context.Context, _ *runbook.Run) runbook.Outcome {
 		out = out.With("readback-diff.txt", []byte(strings.Join(diffs, "\n")+"\n"))
 		return labkit.WithEvidence(runbook.Fail("READBACK_MISMATCH", "effective rule differs from what was applied: %s", strings.Join(diffs, "; ")), out)
 	}
-	var last *gateway.RuleStatus
-	why, err := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
-		st, _, err := s.admin.Rule(ctx, s.ruleName)
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		last = st
-		ok, why := s.ready(st)
-		return ok, why, nil
-	})
-	if last != nil {
-		out = out.With("readiness.json", labkit.MustJSON(last.Status))
+	last, addr, out, ok := labkit.AwaitReady(ctx, s.admin, s.ruleName, s.o.ReadyTimeout, s.ready, out)
+	if !ok {
+		return out
 	}
-	if err != nil {
-		return labkit.WithEvidence(labkit.FailErr(ctx, "NOT_READY", fmt.Errorf("readiness conditions did not hold within %v: %s", s.o.ReadyTimeout, why)), out)
-	}
-	s.dataAddr = labkit.DataAddress(last.Status.Address, s.admin.Base())
+	s.dataAddr = addr
 	reason := fmt.Sprintf("effective rule equals the applied one; %d endpoints healthy and available with roles %d prefill / %d decode", len(last.Status.Endpoints), s.o.Prefill, s.o.Decode)
 	if s.o.KVExact {
 		reason += "; every prefill's KV event stream connected"
@@ -273,7 +254,7 @@ func (s *state) ready(st *gateway.RuleStatus) (bool, string) {
 
 // ---- 6. deliver through the gateway ----------------------------------------
 
-func (s *state) gatewayURL() string { return "http://" + s.dataAddr + s.path() }
+func (s *state) gatewayURL() string { return "http://" + s.dataAddr + labkit.CompletionPath(s.chat()) }
 
 func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneGatewayDelivery)
@@ -286,7 +267,7 @@ func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	var positive []sent
 	for _, stream := range []bool{false, true} {
 		kind, rid := labkit.Kind(stream), r.ID+"-deliver-"+labkit.Kind(stream)
-		ex, o, ok := labkit.Deliver(ctx, s.client, s.gatewayURL(), rid, s.body(s.spec.Model, "P/D delivery check ("+kind+") for run "+r.ID+".", rid, stream), stream, out)
+		ex, o, ok := labkit.Deliver(ctx, s.client, s.gatewayURL(), rid, labkit.RequestBody(s.chat(), s.spec.Model, "P/D delivery check ("+kind+") for run "+r.ID+".", rid, stream), stream, out)
 		if out = o; !ok {
 			return out
 		}
@@ -468,7 +449,7 @@ type routed struct {
 }
 
 func (s *state) send(ctx context.Context, rid, prompt string) (routed, error) {
-	ex, err := labkit.Do(ctx, s.client, http.MethodPost, s.gatewayURL(), s.body(s.spec.Model, prompt, rid, false), map[string]string{"X-Request-Id": rid})
+	ex, err := labkit.Do(ctx, s.client, http.MethodPost, s.gatewayURL(), labkit.RequestBody(s.chat(), s.spec.Model, prompt, rid, false), map[string]string{"X-Request-Id": rid})
 	rt := routed{RID: rid, Route: ex.Get("X-Llmgw-Route"), Decode: ex.Get("X-Llmgw-Endpoint"), Cached: -1}
 	if m := prefillInRoute.FindStringSubmatch(rt.Route); m != nil {
 		rt.Named = m[1]
