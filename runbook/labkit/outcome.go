@@ -16,12 +16,24 @@ const CodeInterrupted = "INTERRUPTED"
 
 // FailErr is the FAIL outcome of err: INTERRUPTED when ctx has ended (the
 // error is then the cancellation's consequence), code otherwise.
+//
+// A worker without a receipt log (ErrNoReceipts: a real engine, not an
+// llmgw simulator) is BLOCKED no_receipt_source, not FAIL: the check could
+// not be made, since nothing independent of the gateway records what the
+// worker served, and a FAIL would claim the engine misbehaved.
 func FailErr(ctx context.Context, code string, err error) runbook.Outcome {
 	if ctx.Err() != nil {
 		return runbook.Fail(CodeInterrupted, "interrupted: %v", err)
 	}
+	if errors.Is(err, ErrNoReceipts) {
+		return runbook.Blocked(CodeNoReceiptSource, "%v: this worker keeps no receipt log (only llmgw simulators do), so delivery cannot be proven independently of the gateway", err)
+	}
 	return runbook.Fail(code, "%v", err)
 }
+
+// CodeNoReceiptSource is the BLOCKED code of a step that needs worker
+// receipts from a worker that keeps none.
+const CodeNoReceiptSource = "no_receipt_source"
 
 // WithEvidence is o carrying base's evidence files before its own, and
 // base's lanes: a step's verdict keeps what the step gathered so far.

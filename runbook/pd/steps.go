@@ -196,7 +196,7 @@ func (s *state) apply(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	s.ruleName = "pd-" + labkit.ShortID(r.ID)
 	a, out, ok := labkit.Apply(ctx, r, labkit.ApplyOptions{
 		AdminURL: o.GatewayAdmin, Token: o.GatewayToken, DirPattern: "llmgw-runbook-pd-gw-", Logger: o.Logger, Client: s.client,
-		Name: s.ruleName, Build: s.buildRule, Hook: o.RuleHook, MarkEmbedded: false,
+		Name: s.ruleName, Build: s.buildRule, Hook: o.RuleHook, MarkEmbedded: true,
 	})
 	s.gw, s.admin, s.applied = a.Gateway, a.Admin, a.Rule
 	if !ok {

@@ -29,7 +29,7 @@ func TestNewCmdQualifyDefaults(t *testing.T) {
 			ios, _, _ := TestIO()
 			var got *QualifyOptions
 			cmd := newQualifyCmd(ios, func(_ *cobra.Command, o *QualifyOptions) error { got = o; return nil })
-			cmd.SetArgs(tc.args)
+			cmd.SetArgs(append([]string{}, tc.args...)) // non-nil: cobra would read os.Args
 			if err := cmd.ExecuteContext(context.Background()); err != nil {
 				t.Fatal(err)
 			}
