@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -74,12 +75,14 @@ func (s *Server) adminHandler() http.Handler {
 }
 
 // mutating guards a handler with the bearer token when one is configured.
-// The comparison is constant-time.
+// The comparison is constant-time over SHA-256 digests of equal length, so
+// neither the token's content nor its length leaks through timing.
 func (s *Server) mutating(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if s.cfg.AdminToken != "" {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.AdminToken)) != 1 {
+			gd, wd := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(s.cfg.AdminToken))
+			if !ok || subtle.ConstantTimeCompare(gd[:], wd[:]) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="llmgw"`)
 				writeAdminError(w, errUnauthorized)
 				return
