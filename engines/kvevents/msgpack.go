@@ -184,46 +184,28 @@ func (r *reader) lenFor(n uint64, minSize int) (int, bool) {
 }
 
 // arrayLen reads an array header.
-func (r *reader) arrayLen() (int, bool) {
-	c, ok := r.peek()
-	if !ok {
-		return 0, false
-	}
-	var n uint64
-	switch {
-	case c&0xf0 == 0x90:
-		r.i++
-		n = uint64(c & 0x0f)
-	case c == 0xdc:
-		r.i++
-		n, ok = r.u16()
-	case c == 0xdd:
-		r.i++
-		n, ok = r.u32()
-	default:
-		return 0, false
-	}
-	if !ok {
-		return 0, false
-	}
-	return r.lenFor(n, 1)
-}
+func (r *reader) arrayLen() (int, bool) { return r.containerLen(0x90, 0xdc, 0xdd, 1) }
 
 // mapLen reads a map header (the number of key/value pairs).
-func (r *reader) mapLen() (int, bool) {
+func (r *reader) mapLen() (int, bool) { return r.containerLen(0x80, 0xde, 0xdf, 2) }
+
+// containerLen reads an array or map header: fix is the fixarray/fixmap
+// high nibble, c16 and c32 the 16- and 32-bit header codes, per the values
+// per entry (bounding the length by the bytes left, see lenFor).
+func (r *reader) containerLen(fix, c16, c32 byte, per int) (int, bool) {
 	c, ok := r.peek()
 	if !ok {
 		return 0, false
 	}
 	var n uint64
 	switch {
-	case c&0xf0 == 0x80:
+	case c&0xf0 == fix:
 		r.i++
 		n = uint64(c & 0x0f)
-	case c == 0xde:
+	case c == c16:
 		r.i++
 		n, ok = r.u16()
-	case c == 0xdf:
+	case c == c32:
 		r.i++
 		n, ok = r.u32()
 	default:
@@ -232,7 +214,7 @@ func (r *reader) mapLen() (int, bool) {
 	if !ok {
 		return 0, false
 	}
-	return r.lenFor(n, 2)
+	return r.lenFor(n, per)
 }
 
 // str reads a str value and returns its bytes, aliasing the input.
