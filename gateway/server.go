@@ -48,6 +48,10 @@ type Config struct {
 	// LogPayloads logs prompt and completion bodies at debug level. Off by
 	// default: payloads may carry personal data.
 	LogPayloads bool
+	// Pprof serves net/http/pprof at /debug/pprof/ on the admin listener.
+	// Off by default; when AdminToken is set, every profile request needs
+	// it (a heap profile shows what the process holds).
+	Pprof bool
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
