@@ -152,9 +152,10 @@ func (probeTransport) Listen(context.Context, string) (net.Listener, error) {
 }
 
 func (probeTransport) Addr(ep string) (string, error) {
-	addr, ok := strings.CutPrefix(ep, probeScheme+"://")
-	if !ok {
-		return "", fmt.Errorf("kvevents: %q is not a probe endpoint", ep)
+	// zmq4 passes either the whole endpoint or its address part.
+	addr, _ := strings.CutPrefix(ep, probeScheme+"://")
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return "", fmt.Errorf("kvevents: probe endpoint %q: %w", ep, err)
 	}
 	return addr, nil
 }

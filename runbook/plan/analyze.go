@@ -145,17 +145,27 @@ func analyze(o *Options, obs []*Observation) *Plan {
 	}
 	eng := tally(KeyEngine, engineQ, obs, func(ob *Observation) (string, string) {
 		if ob.Engine == "" {
-			if o.Engine != "" && len(ob.Problems) > 0 {
-				return "not " + string(o.Engine), strings.Join(ob.Problems, "; ")
-			}
 			return "", ""
 		}
 		return string(ob.Engine), strings.Join(ob.EngineWhy, "; ")
 	})
-	if eng.Status == Known && eng.Note != "" {
-		// An endpoint that answered nothing recognisable leaves the engine
-		// unproven for the whole pool.
-		eng.Status = Unknown
+	for _, ob := range obs {
+		if ob.Engine != "" {
+			continue
+		}
+		// An endpoint that answered as no engine (or not as the given one)
+		// leaves the engine unproven for the pool; against a given engine
+		// it disagrees.
+		if o.Engine != "" && ob.OwnedBy != "" {
+			eng.Status = Inconsistent
+			eng.Disagree = append(eng.Disagree, Disagreement{Endpoint: ob.Addr, Value: "owned_by " + ob.OwnedBy + ", not " + string(o.Engine)})
+		} else if eng.Status == Known {
+			eng.Status = Unknown
+		}
+		eng.Evidence = append(eng.Evidence, ob.Addr+": "+strings.Join(ob.Problems, "; "))
+	}
+	if o.Engine != "" && eng.Status == Inconsistent && eng.Value == "" {
+		eng.Value = string(o.Engine)
 	}
 	p.Answers = append(p.Answers, eng)
 	if eng.Status == Known {
