@@ -212,12 +212,14 @@ func TestInconsistentPools(t *testing.T) {
 		build    string // rewrite the second endpoint's /version
 		fact     string
 		blocksKV bool
+		// stage1 is the number of endpoints stage 1 keeps (-1: no stage 1)
+		stage1 int
 	}{
-		{"block size", sim.Config{Engine: engines.VLLM, BlockSize: 32}, "", KeyBlockSize, true},
-		{"served model", sim.Config{Engine: engines.VLLM, Model: "Qwen/Qwen3-8B"}, "", KeyModels, true},
-		{"hash seed", sim.Config{Engine: engines.VLLM, HashSeed: "7"}, "", KeyHashes, true},
-		{"engine build", sim.Config{Engine: engines.VLLM}, "0.31.0", KeyVersion, true},
-		{"engine", sim.Config{Engine: engines.SGLang}, "", KeyEngine, true},
+		{"block size", sim.Config{Engine: engines.VLLM, BlockSize: 32}, "", KeyBlockSize, true, 2},
+		{"served model", sim.Config{Engine: engines.VLLM, Model: "Qwen/Qwen3-8B"}, "", KeyModels, true, 1},
+		{"hash seed", sim.Config{Engine: engines.VLLM, HashSeed: "7"}, "", KeyHashes, true, 2},
+		{"engine build", sim.Config{Engine: engines.VLLM}, "0.31.0", KeyVersion, true, 2},
+		{"engine", sim.Config{Engine: engines.SGLang}, "", KeyEngine, true, -1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -254,9 +256,41 @@ func TestInconsistentPools(t *testing.T) {
 			if tc.blocksKV && !found {
 				t.Errorf("blocked = %+v; want KV-exact blocked by %s", p.Blocked, tc.fact)
 			}
+			s1 := stage(p, CapFullproxy)
+			switch {
+			case tc.stage1 < 0 && s1 != nil:
+				t.Errorf("stage 1 offered for a pool of unknown engine: %+v", s1)
+			case tc.stage1 >= 0 && (s1 == nil || len(s1.Rule.Endpoints) != tc.stage1):
+				t.Errorf("stage 1 = %+v; want %d endpoints", s1, tc.stage1)
+			}
 			checkRules(t, p)
 		})
 	}
+}
+
+// A pool whose engines all run PYTHONHASHSEED=7: consistent, but the
+// gateway's default seed does not reproduce their hashes, so KV-exact waits
+// for --hash-seed 7, after which the stage carries it.
+func TestHashSeedOfThePool(t *testing.T) {
+	var targets []Target
+	for i := 0; i < 2; i++ {
+		s := startSim(t, sim.Config{Engine: engines.VLLM, HashSeed: "7"})
+		warm(t, s, "Qwen/Qwen3-0.6B")
+		targets = append(targets, target(s))
+	}
+	p := probe(t, Options{Targets: targets})
+	if !p.Consistent || stage(p, CapKVExact) != nil {
+		t.Fatalf("default seed: consistent %v, stages %+v; want consistent, no KV-exact", p.Consistent, p.Stages)
+	}
+	if bl := blocked(p, CapKVExact); len(bl) == 0 || bl[0].Fact != KeyHashes {
+		t.Errorf("blocked = %+v; want hash parity", bl)
+	}
+	p = probe(t, Options{Targets: targets, HashSeed: "7"})
+	s := stage(p, CapKVExact)
+	if s == nil || s.Rule.KVHashSeed == nil || *s.Rule.KVHashSeed != "7" {
+		t.Fatalf("--hash-seed 7: kv-exact stage = %+v; want kvHashSeed 7", s)
+	}
+	checkRules(t, p)
 }
 
 func TestUnreachableEvents(t *testing.T) {

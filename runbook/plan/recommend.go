@@ -58,9 +58,23 @@ func recommend(o *Options, p *Plan) {
 		g = gd.Guide()
 	}
 	model := ""
-	if m := p.Answer(KeyModels); m.Status == Known && !strings.Contains(m.Value, ",") {
+	m := p.Answer(KeyModels)
+	if m.Status != Unknown && !strings.Contains(m.Value, ",") {
 		model = m.Value
 	}
+	// A rule serves one model name: endpoints serving another model are
+	// left out of the stages (and named), never routed the pool's model.
+	exclude := map[string]bool{}
+	excludeNote := ""
+	if m.Status == Inconsistent {
+		var names []string
+		for _, d := range m.Disagree {
+			exclude[d.Endpoint] = true
+			names = append(names, d.Endpoint+" (serves "+d.Value+")")
+		}
+		excludeNote = " Left out, serving another model: " + strings.Join(names, ", ") + "."
+	}
+	p.Converged = without(p.Converged, exclude)
 	// Facts that block KV-exact and P/D: any inconsistency.
 	var blocks []Block
 	for _, ans := range p.Answers {
@@ -98,7 +112,7 @@ func recommend(o *Options, p *Plan) {
 			block(CapPD, blocks)
 			return
 		}
-		r := baseRule(a, model, o, p, 0)
+		r := baseRule(a, model, o, p, 0, nil)
 		r.PDDisaggMode = true
 		if a.PD().Shape() == engines.PDConcurrent && p.BootstrapPort > 0 {
 			r.PDBootstrapPort = p.BootstrapPort
@@ -109,7 +123,7 @@ func recommend(o *Options, p *Plan) {
 			block(CapPDKVExact, why)
 			return
 		}
-		r2 := kvExact(baseRule(a, model, o, p, 0), p, 1)
+		r2 := kvExact(baseRule(a, model, o, p, 0, nil), o, p, 1)
 		r2.PDDisaggMode = true
 		r2.PDBootstrapPort = r.PDBootstrapPort
 		add(CapPDKVExact, "kvExactMode 1 scores the prefills by the blocks each holds; the runbook's hash-parity gate must pass first. "+g.KVExactWhy,
@@ -123,14 +137,18 @@ func recommend(o *Options, p *Plan) {
 	// Stage 1 is always offered: health-checked fullproxy needs nothing of
 	// the pool but health, and an inconsistent pool still serves (the
 	// blocked stages say what to fix).
-	first := baseRule(a, model, o, p, g.FirstSel)
+	if len(p.Converged) == 0 {
+		block(CapFullproxy, blocks)
+		return
+	}
+	first := baseRule(a, model, o, p, g.FirstSel, exclude)
 	mode := "rr"
 	if g.FirstSel == 8 {
 		mode = "chwbl"
 	}
-	add(CapFullproxy, g.FirstWhy, mode, first, convRunbook(o, p, mode))
+	add(CapFullproxy, g.FirstWhy+excludeNote, mode, first, convRunbook(o, p, mode))
 	if g.FirstSel != 8 && g.AffinityWhy != "" {
-		add(CapCHWBL, g.AffinityWhy, "chwbl", baseRule(a, model, o, p, 8), convRunbook(o, p, "chwbl"))
+		add(CapCHWBL, g.AffinityWhy+excludeNote, "chwbl", baseRule(a, model, o, p, 8, exclude), convRunbook(o, p, "chwbl"))
 	}
 	if g.KVExactWhy == "" || a.KV() == nil {
 		block(CapKVExact, []Block{{Fact: KeyEvents, Reason: firstNonEmpty(g.NoKVExactWhy, a.Display()+" publishes no KV events")}})
@@ -143,7 +161,7 @@ func recommend(o *Options, p *Plan) {
 		if c := p.Answer(KeyConsumer); c.Status != Known {
 			reason += ". Sole consumer: " + c.Note
 		}
-		add(CapKVExact, reason+"; the runbook's hash-parity gate qualifies it", "exact", kvExact(baseRule(a, model, o, p, 8), p, 3), convRunbook(o, p, "exact"))
+		add(CapKVExact, reason+"; the runbook's hash-parity gate qualifies it", "exact", kvExact(baseRule(a, model, o, p, 8, nil), o, p, 3), convRunbook(o, p, "exact"))
 	}
 	if a.PD() == nil || g.PDWhy == "" {
 		block(CapPD, []Block{{Fact: "engine", Reason: firstNonEmpty(g.NoPDWhy, a.Display()+" has no prefill/decode protocol")}})
@@ -193,9 +211,19 @@ func firstNonEmpty(s ...string) string {
 	return ""
 }
 
-// baseRule is health-checked fullproxy over the pool with sel; P/D pools get
-// their roles.
-func baseRule(a engines.Adapter, model string, o *Options, p *Plan, sel int) *rule.Rule {
+func without(addrs []string, exclude map[string]bool) []string {
+	var out []string
+	for _, a := range addrs {
+		if !exclude[a] {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// baseRule is health-checked fullproxy over the pool (less exclude) with
+// sel; P/D pools get their roles.
+func baseRule(a engines.Adapter, model string, o *Options, p *Plan, sel int, exclude map[string]bool) *rule.Rule {
 	r := &rule.Rule{
 		ModelName:    model,
 		Mode:         rule.ModeFullProxy,
@@ -204,6 +232,9 @@ func baseRule(a engines.Adapter, model string, o *Options, p *Plan, sel int) *ru
 		Probe:        rule.ProbeConfig{Path: a.Surfaces().Health},
 	}
 	for _, ob := range p.Endpoints {
+		if exclude[ob.Addr] {
+			continue
+		}
 		host, port, _ := net.SplitHostPort(ob.Addr)
 		n, _ := strconv.Atoi(port)
 		ep := rule.Endpoint{EndpointIP: host, TargetPort: n}
@@ -226,23 +257,34 @@ func baseRule(a engines.Adapter, model string, o *Options, p *Plan, sel int) *ru
 // kvExact turns r into a KV-exact rule (mode 3 single pool, 1 P/D) with the
 // block size the pool runs and each endpoint's event sockets where they are
 // not the rule-level default.
-func kvExact(r *rule.Rule, p *Plan, mode int) *rule.Rule {
+func kvExact(r *rule.Rule, o *Options, p *Plan, mode int) *rule.Rule {
 	r.KVExactMode = mode
+	if o.HashSeed != "0" {
+		// The operator named the engines' PYTHONHASHSEED and the published
+		// hashes were checked against it.
+		seed := o.HashSeed
+		r.KVHashSeed = &seed
+	}
 	if b := p.Answer(KeyBlockSize); b.Status == Known {
 		if n, err := strconv.Atoi(b.Value); err == nil {
 			r.KVBlockSize = n
 		}
 	}
-	for i, ob := range p.Endpoints {
+	at := map[string]int{}
+	for i, ep := range r.Endpoints {
+		at[net.JoinHostPort(ep.EndpointIP, strconv.Itoa(ep.TargetPort))] = i
+	}
+	for _, ob := range p.Endpoints {
 		e := ob.Events
-		if e.Transport != "zmq" || e.Endpoint == "" {
+		i, in := at[ob.Addr]
+		if !in || e.Transport != "zmq" || e.Endpoint == "" {
 			continue
 		}
-		def := fmt.Sprintf("tcp://%s:%d", hostForURL(r.Endpoints[i].EndpointIP), rule.DefaultKVZmqPort)
-		if e.Endpoint != def {
+		host := hostForURL(r.Endpoints[i].EndpointIP)
+		if e.Endpoint != fmt.Sprintf("tcp://%s:%d", host, rule.DefaultKVZmqPort) {
 			r.Endpoints[i].KVEventsEndpoint = e.Endpoint
 		}
-		if e.Replay != "" && e.Replay != fmt.Sprintf("tcp://%s:%d", hostForURL(r.Endpoints[i].EndpointIP), rule.DefaultKVZmqPort+rule.ReplayPortOffset) {
+		if e.Replay != "" && e.Replay != fmt.Sprintf("tcp://%s:%d", host, rule.DefaultKVZmqPort+rule.ReplayPortOffset) {
 			r.Endpoints[i].KVReplayEndpoint = e.Replay
 		}
 	}

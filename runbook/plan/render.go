@@ -62,7 +62,7 @@ func (p *Plan) WriteYAML(w io.Writer, n int) error {
 		}
 		return fmt.Errorf("plan: no stage %d (the plan has %d)", n, len(p.Stages))
 	}
-	js, err := json.Marshal(p.Stages[n-1].Rule)
+	js, err := ruleJSON(p.Stages[n-1].Rule)
 	if err != nil {
 		return err
 	}
@@ -73,6 +73,25 @@ func (p *Plan) WriteYAML(w io.Writer, n int) error {
 	b.Write(y)
 	_, err = io.WriteString(w, b.String())
 	return err
+}
+
+// ruleJSON is the rule's JSON without the empty sub-objects encoding/json
+// keeps for struct fields (cb: {}, chwbl: {}): what an operator would write.
+func ruleJSON(r any) ([]byte, error) {
+	js, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(js, &m); err != nil {
+		return nil, err
+	}
+	for k, v := range m {
+		if o, ok := v.(map[string]any); ok && len(o) == 0 {
+			delete(m, k)
+		}
+	}
+	return json.Marshal(m)
 }
 
 func disagreeText(a Answer) string {
