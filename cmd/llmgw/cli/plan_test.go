@@ -162,3 +162,28 @@ func TestRunbookPlanFlagRefusesMismatch(t *testing.T) {
 		})
 	}
 }
+
+// An SGLang prefill + decode pair: the plan stages concurrent P/D with the
+// bootstrap port the prefill reported, and `runbook pd --plan` qualifies it.
+func TestPlanSGLangPDQualify(t *testing.T) {
+	addrs, _, _ := startPlanSims(t, sim.Config{Engine: engines.SGLang, Role: sim.RolePrefill}, sim.Config{Engine: engines.SGLang, Role: sim.RoleDecode})
+	dir := t.TempDir()
+	ios, out, errOut := TestIO()
+	if code := Main(context.Background(), []string{"plan", "--endpoints", strings.Join(addrs, ","), "--timeout", "500ms", "-o", "json"}, ios); code != ExitOK {
+		t.Fatalf("plan: exit %d\n%s", code, errOut)
+	}
+	planFile := filepath.Join(dir, "plan.json")
+	os.WriteFile(planFile, out.Bytes(), 0o600)
+	var p struct {
+		Topology      string `json:"topology"`
+		BootstrapPort int    `json:"bootstrap_port"`
+	}
+	json.Unmarshal(out.Bytes(), &p)
+	if p.Topology != "pd" || p.BootstrapPort == 0 {
+		t.Fatalf("plan = %s", out)
+	}
+	ios, out, errOut = TestIO()
+	if code := Main(context.Background(), []string{"runbook", "pd", "--plan", planFile, "--out", filepath.Join(dir, "out")}, ios); code != ExitOK {
+		t.Fatalf("runbook pd --plan: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
