@@ -284,6 +284,16 @@ func roles(p *Plan, obs []*Observation) Answer {
 	for _, ob := range obs {
 		r := ob.Desc.Role
 		switch {
+		case r == engines.RoleUnknown && ob.DeclaredRole != engines.RoleUnknown:
+			// The engine says nothing; the operator's word is taken, and
+			// marked as such.
+			r = ob.DeclaredRole
+			ob.Desc.Role = r
+			ob.Desc.Said("role", "declared with --endpoints (the engine reports no role)")
+		case r != engines.RoleUnknown && ob.DeclaredRole != engines.RoleUnknown && r != ob.DeclaredRole:
+			a.Disagree = append(a.Disagree, Disagreement{Endpoint: ob.Addr, Value: fmt.Sprintf("reports %s, declared %s", r, ob.DeclaredRole)})
+		}
+		switch {
 		case r.PrefillSide():
 			p.Prefill = append(p.Prefill, ob.Addr)
 		case r.DecodeSide():
@@ -297,6 +307,11 @@ func roles(p *Plan, obs []*Observation) Answer {
 		if r != engines.RoleUnknown {
 			a.Evidence = append(a.Evidence, fmt.Sprintf("%s: %s (%s)", ob.Addr, r, ob.Desc.From["role"]))
 		}
+	}
+	if len(a.Disagree) > 0 {
+		a.Status, a.Value = Inconsistent, "declared roles contradict the engines"
+		p.Prefill, p.Decode, p.Converged = nil, nil, nil
+		return a
 	}
 	split := len(p.Prefill) + len(p.Decode)
 	switch {
@@ -323,7 +338,7 @@ func roles(p *Plan, obs []*Observation) Answer {
 		}
 	case len(unsaid) == len(obs):
 		a.Status, a.Value = Unknown, "converged (assumed)"
-		a.Note = "no endpoint reports a role on a read-only surface (vLLM never does); the pool is planned as converged"
+		a.Note = "no endpoint reports a role on a read-only surface (vLLM never does) and none was declared (--endpoints host:port=prefill); the pool is planned as converged"
 		p.Topology = "converged"
 	default:
 		a.Status, a.Value = Known, "converged"

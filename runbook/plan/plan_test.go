@@ -378,6 +378,52 @@ func TestLlamaCppPool(t *testing.T) {
 	checkRules(t, p)
 }
 
+// vLLM reports no role: declared roles make a sequential P/D plan; a
+// declared role an engine contradicts is inconsistent.
+func TestDeclaredRoles(t *testing.T) {
+	pre := startSim(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+	dec := startSim(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+	tp, td := target(pre), target(dec)
+	tp.Role, td.Role = engines.RolePrefill, engines.RoleDecode
+	p := probe(t, Options{Targets: []Target{tp, td}})
+	s := stage(p, CapPD)
+	if p.Topology != "pd" || s == nil || !strings.Contains(s.Reason, "sequential") || s.Rule.PDBootstrapPort != 0 {
+		t.Fatalf("topology %s stage %+v; want sequential P/D", p.Topology, s)
+	}
+	if r := p.Answer(KeyRoles); r.Status != Known || !strings.Contains(strings.Join(r.Evidence, " "), "declared") {
+		t.Errorf("roles = %+v; want known and marked as declared", r)
+	}
+	checkRules(t, p)
+
+	sp := startSim(t, sim.Config{Engine: engines.SGLang, Role: sim.RolePrefill})
+	sd := startSim(t, sim.Config{Engine: engines.SGLang, Role: sim.RoleDecode})
+	p = probe(t, Options{Targets: []Target{{Addr: sp.Addrs().HTTP, Role: engines.RoleDecode}, {Addr: sd.Addrs().HTTP}}})
+	r := p.Answer(KeyRoles)
+	if r.Status != Inconsistent || len(r.Disagree) != 1 || r.Disagree[0].Endpoint != sp.Addrs().HTTP || p.Consistent || len(p.Stages) != 0 {
+		t.Errorf("roles = %+v, stages %d; want the contradicted declaration named and nothing staged", r, len(p.Stages))
+	}
+}
+
+func TestSGLangConverged(t *testing.T) {
+	var targets []Target
+	for i := 0; i < 2; i++ {
+		s := startSim(t, sim.Config{Engine: engines.SGLang})
+		warm(t, s, "Qwen/Qwen3-0.6B")
+		targets = append(targets, Target{Addr: s.Addrs().HTTP})
+	}
+	p := probe(t, Options{Targets: targets})
+	if p.Topology != "converged" || p.Answer(KeyRoles).Status != Known || len(p.Stages) != 2 {
+		t.Fatalf("plan: topology %s roles %+v stages %+v", p.Topology, p.Answer(KeyRoles), p.Stages)
+	}
+	if s := p.Stages[0]; s.Rule.Sel != 8 || s.RunbookMode != "chwbl" {
+		t.Errorf("stage 1 = %+v; want the guide's single pool with CHWBL", s)
+	}
+	if s := p.Stages[1]; s.Capability != CapKVExact || s.Rule.KVBlockSize != 16 || p.Answer(KeyHashes).Value != "reproduced" {
+		t.Errorf("stage 2 = %+v, parity %+v; want KV-exact after reproduced hashes", s, p.Answer(KeyHashes))
+	}
+	checkRules(t, p)
+}
+
 func TestGivenEngineChecked(t *testing.T) {
 	a := startSim(t, sim.Config{Engine: engines.VLLM})
 	p := probe(t, Options{Targets: []Target{{Addr: a.Addrs().HTTP}}, Engine: engines.SGLang})

@@ -65,6 +65,19 @@ type Target struct {
 	// adapter's default port on Addr's host.
 	Events string `json:"events,omitempty"`
 	Replay string `json:"replay,omitempty"`
+	// Role is the operator's declared role, for engines that report none
+	// (vLLM); an engine that reports its role is checked against it.
+	Role engines.Role `json:"declared_role,omitempty"`
+}
+
+// ParseRole reads a declared role name.
+func ParseRole(s string) (engines.Role, error) {
+	for _, r := range []engines.Role{engines.RoleConverged, engines.RolePrefill, engines.RoleDecode, engines.RoleContext, engines.RoleGeneration} {
+		if string(r) == s {
+			return r, nil
+		}
+	}
+	return "", fmt.Errorf("%w: role %q: want converged, prefill, decode, context or generation", ErrInvalid, s)
 }
 
 // Options configure Probe.
@@ -110,6 +123,11 @@ func (o *Options) validate() error {
 			return fmt.Errorf("%w: endpoint %q is listed twice", ErrInvalid, t.Addr)
 		}
 		seen[t.Addr] = true
+		if t.Role != engines.RoleUnknown {
+			if _, err := ParseRole(string(t.Role)); err != nil {
+				return err
+			}
+		}
 		for _, z := range []string{t.Events, t.Replay} {
 			if z != "" && !validZMQ(z) {
 				return fmt.Errorf("%w: event endpoint %q: want tcp://host:port", ErrInvalid, z)
@@ -153,6 +171,8 @@ func validZMQ(s string) bool {
 // came from.
 type Observation struct {
 	Addr string `json:"addr"`
+	// DeclaredRole is the operator's --endpoints role, if any.
+	DeclaredRole engines.Role `json:"declared_role,omitempty"`
 	// Health is the health surface's status ("200 GET /health") or why it
 	// is unknown.
 	Health  string `json:"health"`
@@ -256,7 +276,7 @@ func get(ctx context.Context, o *Options, method, addr, path string, body []byte
 }
 
 func observe(ctx context.Context, o *Options, t Target) *Observation {
-	ob := &Observation{Addr: t.Addr, Events: EventsObservation{Transport: "none", Reachable: Unknown}}
+	ob := &Observation{Addr: t.Addr, DeclaredRole: t.Role, Events: EventsObservation{Transport: "none", Reachable: Unknown}}
 
 	// The OpenAI model list is common to every engine; its owned_by is the
 	// first fingerprint.

@@ -42,7 +42,9 @@ TensorRT-LLM drain) and answer the deployment guide's questions, each marked
 known, unknown or inconsistent with the endpoint that disagrees:
 
   engine and version   from each engine's own surfaces (or --engine, checked)
-  roles                converged, prefill/decode, context/generation
+  roles                converged, prefill/decode, context/generation, as the
+                       engine reports them; vLLM reports none, so declare
+                       them (host:port=prefill) or the pool is planned converged
   KV events            reachable (ZMTP handshake, first batch or replay answer);
                        for a destructive endpoint, whether another consumer
                        drains it (it cannot be told; the plan says so)
@@ -74,7 +76,7 @@ context was cancelled, or -o yaml asked for a stage the plan lacks).`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runPlan(cmd, o) },
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Endpoints, "endpoints", "", "the pool's engine HTTP addresses, host:port,...")
+	f.StringVar(&o.Endpoints, "endpoints", "", "the pool's engine HTTP addresses, host:port[=role],... (role: converged, prefill, decode, context, generation; for engines that report none, e.g. vLLM)")
 	f.StringVar(&o.Events, "events", "", "KV event PUB sockets, tcp://host:port per endpoint in --endpoints order (empty item: what the engine reports, else its default port)")
 	f.StringVar(&o.Replay, "replay", "", "KV event replay sockets, tcp://host:port per endpoint (empty item: reported or default)")
 	f.StringVar(&o.Engine, "engine", "", "check the endpoints against this engine instead of fingerprinting: vllm, sglang, trtllm, llamacpp")
@@ -111,6 +113,13 @@ func planOptions(o *PlanOptions) (plan.Options, error) {
 	}
 	for i, a := range addrs {
 		t := plan.Target{Addr: a}
+		if addr, role, ok := strings.Cut(a, "="); ok {
+			r, err := plan.ParseRole(role)
+			if err != nil {
+				return po, usageErrorf("--endpoints %s: %v", a, err)
+			}
+			t.Addr, t.Role = addr, r
+		}
 		if i < len(events) {
 			t.Events = events[i]
 		}
