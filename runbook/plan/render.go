@@ -121,9 +121,9 @@ func (p *Plan) WriteTable(w io.Writer) error {
 		}
 		val := a.Value
 		if a.Note != "" {
-			val = strings.TrimSpace(val + " [" + a.Note + "]")
+			val = strings.TrimSpace(val + " [note]")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Key, a.Status, val, strings.Join(ds, " "))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Key, a.Status, dash(val), strings.Join(ds, " "))
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "ENDPOINT\tENGINE\tVERSION\tROLE\tMODELS\tBLOCK\tEVENTS\tTOKENIZER")
@@ -134,6 +134,12 @@ func (p *Plan) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	fmt.Fprintln(w)
+	for _, a := range p.Answers {
+		if a.Note != "" {
+			fmt.Fprintf(w, "note  %s: %s\n", a.Key, a.Note)
+		}
 	}
 	fmt.Fprintln(w)
 	for _, s := range p.Stages {
@@ -157,7 +163,7 @@ func (p *Plan) WriteTable(w io.Writer) error {
 	}
 	for _, o := range p.Endpoints {
 		for _, pr := range o.Problems {
-			fmt.Fprintf(w, "note  %s: %s\n", o.Addr, pr)
+			fmt.Fprintf(w, "probe %s: %s\n", o.Addr, pr)
 		}
 	}
 	return nil
