@@ -232,6 +232,16 @@ func analyze(o *Options, obs []*Observation) *Plan {
 			return strconv.Itoa(ob.Desc.ContextLength), ob.Desc.From["context_length"]
 		}),
 	)
+	// An engine without KV events has no blocks to size or hash.
+	noKV := true
+	for _, ob := range obs {
+		noKV = noKV && ob.adapter != nil && ob.kv == nil
+	}
+	for i := range p.Answers {
+		if a := &p.Answers[i]; noKV && a.Status == Unknown && (a.Key == KeyBlockSize || a.Key == KeyHashAlgo || a.Key == KeyHashes) {
+			a.Note = "not applicable: the engine publishes no KV blocks"
+		}
+	}
 	p.Consistent = true
 	for _, a := range p.Answers {
 		if a.Status == Inconsistent && contains(consistencyKeys, a.Key) {
