@@ -53,6 +53,9 @@ const (
 	maxBody = 4 << 20
 )
 
+// errNoAnswer: a probe's deadline passed without an answer.
+var errNoAnswer = errors.New("no answer")
+
 // ErrInvalid classifies invalid Options (the CLI maps it to a usage error).
 var ErrInvalid = errors.New("plan: invalid options")
 
@@ -263,7 +266,7 @@ func get(ctx context.Context, o *Options, method, addr, path string, body []byte
 	resp, err := o.Client.Do(req)
 	if err != nil {
 		if pctx.Err() != nil && ctx.Err() == nil {
-			return 0, nil, fmt.Errorf("no answer within %s", o.ProbeTimeout)
+			return 0, nil, fmt.Errorf("%w within %s", errNoAnswer, o.ProbeTimeout)
 		}
 		return 0, nil, err
 	}
@@ -304,6 +307,12 @@ func observe(ctx context.Context, o *Options, t Target) *Observation {
 		sort.Strings(ob.Models)
 	}
 	modelsBody := body
+	if err != nil && errors.Is(err, errNoAnswer) && o.Engine == "" {
+		// A peer that holds the connection without answering would cost a
+		// deadline per engine's version surface; it is unknown already.
+		ob.problem("engine unknown: the endpoint does not answer")
+		return ob
+	}
 
 	ob.adapter = fingerprint(ctx, o, ob)
 	if ob.adapter == nil {
@@ -515,10 +524,29 @@ func probeEvents(ctx context.Context, o *Options, t Target, ob *Observation) {
 	if ev.Replay == "" && kv.ReplayOffset > 0 && ev.EndpointFrom == "adapter default port" {
 		ev.Replay = fmt.Sprintf("tcp://%s:%d", hostForURL(host), kv.ZMQPort+kv.ReplayOffset)
 	}
+	// The SUB wait for a first batch and the replay exchange run at once,
+	// each with its own deadline; both end before probeEvents returns.
+	var (
+		pub    kvevents.PubAnswer
+		perr   error
+		replay kvevents.ReplayAnswer
+		rerr   = errors.New("no replay socket known")
+		wg     sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		pctx, cancel := context.WithTimeout(ctx, o.ProbeTimeout)
+		defer cancel()
+		pub, perr = kvevents.ProbePub(pctx, ev.Endpoint, "")
+	}()
+	if ev.Replay != "" {
+		rctx, cancel := context.WithTimeout(ctx, o.ProbeTimeout)
+		replay, rerr = kvevents.ProbeReplay(rctx, ev.Replay, 0)
+		cancel()
+	}
+	wg.Wait()
 	var how []string
-	pctx, cancel := context.WithTimeout(ctx, o.ProbeTimeout)
-	pub, perr := kvevents.ProbePub(pctx, ev.Endpoint, "")
-	cancel()
 	switch {
 	case perr != nil:
 		how = append(how, fmt.Sprintf("SUB %s: %v", ev.Endpoint, perr))
@@ -531,18 +559,15 @@ func probeEvents(ctx context.Context, o *Options, t Target, ob *Observation) {
 	}
 	replayed := false
 	if ev.Replay != "" {
-		rctx, cancel := context.WithTimeout(ctx, o.ProbeTimeout)
-		ans, rerr := kvevents.ProbeReplay(rctx, ev.Replay, 0)
-		cancel()
 		if rerr != nil {
 			how = append(how, fmt.Sprintf("replay %s: %v", ev.Replay, rerr))
 		} else {
 			replayed = true
-			how = append(how, fmt.Sprintf("replay %s: answered %d batches and the end marker", ev.Replay, len(ans.Batches)))
-			for _, m := range ans.Batches {
+			how = append(how, fmt.Sprintf("replay %s: answered %d batches and the end marker", ev.Replay, len(replay.Batches)))
+			for _, m := range replay.Batches {
 				ob.readBatch(m.Payload, o.HashSeed)
 			}
-			ev.Batches += len(ans.Batches)
+			ev.Batches += len(replay.Batches)
 		}
 	}
 	ev.How = strings.Join(how, "; ")
