@@ -213,10 +213,17 @@ func analyze(o *Options, obs []*Observation) *Plan {
 		}),
 		tally(KeyBlockSize, "Which KV block size (tokens per block)?", obs, blockSize),
 		tally(KeyHashAlgo, "Which block-hash algorithm?", obs, func(ob *Observation) (string, string) {
-			if ob.Desc.HashAlgo == "" {
-				return "", ""
+			if ob.Desc.HashAlgo != "" {
+				return ob.Desc.HashAlgo, ob.Desc.From["hash_algo"]
 			}
-			return ob.Desc.HashAlgo, ob.Desc.From["hash_algo"]
+			// No configuration surface said; published hashes that
+			// reproduce name the algorithm as surely.
+			for k, c := range ob.parity {
+				if c[1] > 0 && c[0] == c[1] {
+					return k.algo, fmt.Sprintf("%d published root blocks reproduce as %s", c[1], k.algo)
+				}
+			}
+			return "", ""
 		}),
 		tally(KeyHashes, "Do published block hashes reproduce with the gateway's algorithm and seed?", obs, func(ob *Observation) (string, string) {
 			if ob.Events.Parity == "" {

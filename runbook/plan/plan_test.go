@@ -126,7 +126,7 @@ func TestThreeVLLMConverged(t *testing.T) {
 	if after := receipts(sims); after != before {
 		t.Errorf("the planner left %d worker receipts: it sent engine work", after-before)
 	}
-	want := map[string]string{KeyEngine: "vllm", KeyEvents: "reachable", KeyModels: "Qwen/Qwen3-0.6B", KeyBlockSize: "16", KeyHashes: "reproduced"}
+	want := map[string]string{KeyEngine: "vllm", KeyEvents: "reachable", KeyModels: "Qwen/Qwen3-0.6B", KeyBlockSize: "16", KeyHashes: "reproduced", KeyHashAlgo: "sha256_cbor"}
 	for k, v := range want {
 		if a := p.Answer(k); a.Status != Known || a.Value != v {
 			t.Errorf("%s = %s %q; want known %q (%+v)", k, a.Status, a.Value, v, a)
@@ -218,6 +218,7 @@ func TestInconsistentPools(t *testing.T) {
 		{"block size", sim.Config{Engine: engines.VLLM, BlockSize: 32}, "", KeyBlockSize, true, 2},
 		{"served model", sim.Config{Engine: engines.VLLM, Model: "Qwen/Qwen3-8B"}, "", KeyModels, true, 1},
 		{"hash seed", sim.Config{Engine: engines.VLLM, HashSeed: "7"}, "", KeyHashes, true, 2},
+		{"hash algorithm", sim.Config{Engine: engines.VLLM, HashAlgo: "xxhash_cbor"}, "", KeyHashes, true, 2},
 		{"engine build", sim.Config{Engine: engines.VLLM}, "0.31.0", KeyVersion, true, 2},
 		{"engine", sim.Config{Engine: engines.SGLang}, "", KeyEngine, true, -1},
 	}

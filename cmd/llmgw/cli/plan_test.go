@@ -125,6 +125,7 @@ func TestPlanExitCodes(t *testing.T) {
 		{"events list length", []string{"--endpoints", a[0] + "," + b[0], "--events", ae[0]}, ExitUsage, "--events has 1 items"},
 		{"bad engine", []string{"--endpoints", a[0], "--engine", "tgi"}, ExitUsage, "unknown engine"},
 		{"bad profile", []string{"--endpoints", a[0], "--profile", "nope"}, ExitUsage, "--profile"},
+		{"yaml of a missing stage", []string{"--endpoints", a[0], "--events", ae[0], "-o", "yaml", "--stage", "9"}, ExitError, "no stage 9"},
 		{"bad role", []string{"--endpoints", a[0] + "=leader"}, ExitUsage, "want converged, prefill"},
 		{"profile model differs", []string{"--endpoints", a[0], "--events", ae[0], "--profile", "llama-3.1-8b-instruct"}, ExitFail, "profile"},
 	}
