@@ -19,6 +19,7 @@ func subcommands(io *IOStreams) []*cobra.Command {
 		withRunbookPD(newRunbookCmd(io, nil), io),
 		newQualifyCmd(io, nil),
 		newCleanupCmd(io, nil),
+		newPlanCmd(io),
 		newVersionCmd(io),
 	}
 }
