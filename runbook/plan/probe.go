@@ -475,8 +475,10 @@ func probeEvents(ctx context.Context, o *Options, t Target, ob *Observation) {
 		return
 	}
 	host, _, _ := net.SplitHostPort(t.Addr)
-	switch kv.Transport {
-	case engines.EventsHTTPPoll:
+	// Dispatch on the event transport (a protocol, shared by engines), not
+	// on the engine: HTTP-polled queues are probed by the adapter's
+	// non-destructive request, ZeroMQ publishers by SUB and replay below.
+	if kv.Transport == engines.EventsHTTPPoll {
 		ev.Transport = "http-poll"
 		ev.Endpoint = "http://" + t.Addr + kv.PollPath
 		ev.EndpointFrom = "adapter"
@@ -501,9 +503,8 @@ func probeEvents(ctx context.Context, o *Options, t Target, ob *Observation) {
 			ev.How = fmt.Sprintf("%s %s answered %d, not %d: the drain route may be absent (the destructive POST was not sent)", method, path, st, want)
 		}
 		return
-	case engines.EventsZMQ:
-		ev.Transport = "zmq"
 	}
+	ev.Transport = "zmq"
 	switch {
 	case t.Events != "":
 		ev.Endpoint, ev.Replay, ev.EndpointFrom = t.Events, t.Replay, "given"
