@@ -97,7 +97,10 @@ func (s *Sim) renderOpenAIChunks(job *genJob, out *genOutcome, chunks []sseChunk
 	}
 	tail := func(w *jw, completion int, first bool) {
 		if continuous {
-			s.usage(w, out, completion)
+			// vLLM's per-chunk UsageInfo sets only the three counts, and
+			// the chunk is dumped exclude_unset (no prompt_tokens_details).
+			w.key("usage").obj().kint("prompt_tokens", int64(out.promptTokens)).
+				kint("total_tokens", int64(out.promptTokens+completion)).kint("completion_tokens", int64(completion)).end()
 		}
 		switch {
 		case eng == engines.VLLM && chat && first:
