@@ -11,6 +11,13 @@
 // queue), and implements each engine's prefill/decode hand-off. Every request
 // leaves a receipt at GET /_sim/receipts; faults are injected with
 // POST /_sim/faults. Several Sims can run in one process.
+//
+// The personas are checked against the engines, not against themselves:
+// source_conformance_test.go replays the fixture sets built from each
+// engine's public source (engines/<engine>/testdata, see their PROVENANCE)
+// and the llama.cpp captures. The golden files under testdata/golden pin the
+// simulator's own bytes against regressions; they prove nothing about an
+// engine.
 package sim
 
 import (
