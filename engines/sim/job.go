@@ -111,14 +111,16 @@ func (s *Sim) promptTokens(p promptInput) []uint32 {
 
 // includeUsage reports whether a stream ends with a usage chunk. vLLM's
 // StreamOptions defaults include_usage to true once stream_options is
-// present at all; the other engines follow OpenAI (false unless set).
+// present at all, and TensorRT-LLM copied that model; SGLang and llama.cpp
+// follow OpenAI (false unless set). See the chat_stream_options_empty
+// fixtures under engines/<engine>/testdata/cases.
 func (s *Sim) includeUsage(req *genRequest) bool {
 	so := req.StreamOptions
 	if so == nil {
 		return false
 	}
 	if so.IncludeUsage == nil {
-		return s.cfg.Engine == engines.VLLM
+		return s.cfg.Engine == engines.VLLM || s.cfg.Engine == engines.TRTLLM
 	}
 	return *so.IncludeUsage
 }

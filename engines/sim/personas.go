@@ -30,7 +30,7 @@ func (s *Sim) routeVLLM(ctx *fasthttp.RequestCtx, path string) {
 	case "/reset_prefix_cache":
 		s.onlyPost(ctx, func() { s.resetCache(); ctx.SetStatusCode(fasthttp.StatusOK) })
 	case "/version":
-		s.onlyGet(ctx, func() { ctx.SetContentType("application/json"); ctx.SetBodyString(`{"version":"0.26.0"}`) })
+		s.onlyGet(ctx, func() { s.serveVersion(ctx) })
 	default:
 		s.notFound(ctx)
 	}
@@ -74,14 +74,23 @@ func (s *Sim) routeSGLang(ctx *fasthttp.RequestCtx, path string) {
 			w.kint("max_total_num_tokens", int64(s.cfg.CacheBlocks*s.cfg.BlockSize)).
 				kint("context_length", maxModelLen).key("internal_states").arr().obj().
 				kint("max_total_num_tokens", int64(s.cfg.CacheBlocks*s.cfg.BlockSize)).end().aend().
-				kstr("version", "0.5.19").end()
+				kstr("version", s.version).end()
 			ctx.SetContentType("application/json")
 			ctx.SetBody(w.b)
 		})
 	case "/metrics":
 		s.onlyGet(ctx, func() { s.serveMetrics(ctx) })
+	case "/v1/tokenize", "/tokenize":
+		s.onlyPost(ctx, func() { s.serveTokenizeSGLang(ctx) })
 	case "/flush_cache":
-		s.onlyPost(ctx, func() { s.resetCache(); ctx.SetBodyString("Cache flushed.\n") })
+		// SGLang routes GET and POST here and answers plain text without a
+		// media type (http_server.py flush_cache).
+		if !ctx.IsGet() && !ctx.IsPost() {
+			s.methodNotAllowed(ctx)
+			return
+		}
+		s.resetCache()
+		ctx.SetBodyString("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
 	default:
 		s.notFound(ctx)
 	}
@@ -139,7 +148,7 @@ func (s *Sim) routeTRT(ctx *fasthttp.RequestCtx, path string) {
 			ctx.SetBody(s.trt.drain())
 		})
 	case "/version":
-		s.onlyGet(ctx, func() { ctx.SetContentType("application/json"); ctx.SetBodyString(`{"version":"1.2.0"}`) })
+		s.onlyGet(ctx, func() { s.serveVersion(ctx) })
 	default:
 		s.notFound(ctx)
 	}
@@ -259,7 +268,7 @@ func (s *Sim) serveModels(ctx *fasthttp.RequestCtx, owner string) {
 			kbool("allow_search_indices", false).kbool("allow_view", true).kbool("allow_fine_tuning", false).
 			kstr("organization", "*").knull("group").kbool("is_blocking", false).end().aend()
 	case engines.SGLang:
-		w.kstr("root", s.cfg.Model).kint("max_model_len", maxModelLen)
+		w.kstr("root", s.cfg.Model).knull("parent").kint("max_model_len", maxModelLen)
 	case engines.LlamaCpp:
 		w.key("meta").obj().kint("n_ctx_train", maxModelLen).end()
 	}
@@ -331,6 +340,57 @@ func (s *Sim) serveTokenizeVLLM(ctx *fasthttp.RequestCtx) {
 		w.knull("token_strs")
 	}
 	w.end()
+	ctx.SetContentType("application/json")
+	ctx.SetBody(w.b)
+}
+
+// serveVersion answers GET /version (vLLM, TensorRT-LLM): {"version": ...}.
+func (s *Sim) serveVersion(ctx *fasthttp.RequestCtx) {
+	w := &jw{}
+	w.obj().kstr("version", s.version).end()
+	ctx.SetContentType("application/json")
+	ctx.SetBody(w.b)
+}
+
+// serveTokenizeSGLang is SGLang's POST /v1/tokenize (and /tokenize):
+// exactly one of prompt (a string) or messages; the answer is
+// {"tokens","count","max_model_len"} (openai/protocol.py TokenizeResponse).
+// A list of prompts (batched form) is not simulated.
+func (s *Sim) serveTokenizeSGLang(ctx *fasthttp.RequestCtx) {
+	var req struct {
+		Prompt           *string         `json:"prompt"`
+		Messages         json.RawMessage `json:"messages"`
+		AddSpecialTokens *bool           `json:"add_special_tokens"`
+	}
+	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
+		s.writeError(ctx, nil, fasthttp.StatusBadRequest, "JSON decode error: "+err.Error(), true)
+		return
+	}
+	if (req.Prompt == nil) == isNull(req.Messages) {
+		s.writeError(ctx, nil, fasthttp.StatusBadRequest, "Exactly one of 'prompt' or 'messages' must be provided.", true)
+		return
+	}
+	var ids []uint32
+	if req.Prompt != nil {
+		if req.AddSpecialTokens == nil || *req.AddSpecialTokens {
+			ids = append(ids, s.bos...)
+		}
+		ids = s.tok.Encode(ids, *req.Prompt)
+	} else {
+		msgs, err := parseMessages(req.Messages)
+		if err != nil {
+			s.writeError(ctx, nil, fasthttp.StatusBadRequest, s.messageFor(err), true)
+			return
+		}
+		text, err := s.render.Render(msgs, true)
+		if err != nil {
+			s.writeError(ctx, nil, fasthttp.StatusBadRequest, "chat template: "+err.Error(), false)
+			return
+		}
+		ids = s.tok.Encode(ids, text)
+	}
+	w := &jw{}
+	w.obj().key("tokens").ints(ids).kint("count", int64(len(ids))).kint("max_model_len", maxModelLen).end()
 	ctx.SetContentType("application/json")
 	ctx.SetBody(w.b)
 }

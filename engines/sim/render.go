@@ -56,6 +56,10 @@ func (s *Sim) renderFull(job *genJob, out *genOutcome) []byte {
 		s.renderLlamaOAI(w, job, out, text)
 		return w.b
 	}
+	// Field sets and order follow each engine's response models (cited in
+	// engines/<engine>/testdata/cases/chat_json.json and completion_json.json):
+	// vLLM and TensorRT-LLM dump every field (nulls included), SGLang drops
+	// a few None fields in model serializers.
 	w.obj().kstr("id", s.responseID(job))
 	if job.api == apiChat {
 		w.kstr("object", "chat.completion")
@@ -68,22 +72,31 @@ func (s *Sim) renderFull(job *genJob, out *genOutcome) []byte {
 		w.key("message").obj().kstr("role", "assistant").kstr("content", text)
 		switch s.cfg.Engine {
 		case engines.VLLM:
-			w.knull("refusal").knull("annotations").knull("audio").knull("function_call").key("tool_calls").arr().aend().knull("reasoning_content")
+			// ChatMessage: an empty tool_calls list is dropped by its
+			// serializer; reasoning (formerly reasoning_content).
+			w.knull("refusal").knull("annotations").knull("audio").knull("function_call").knull("reasoning")
 		case engines.SGLang:
 			w.knull("reasoning_content").knull("tool_calls")
 		case engines.TRTLLM:
-			w.knull("reasoning_content").key("tool_calls").arr().aend()
+			// Without a reasoning parser the reasoning text is "".
+			w.kstr("reasoning_content", "").key("tool_calls").arr().aend()
 		}
 		w.end()
 		w.knull("logprobs").kstr("finish_reason", out.finish)
 	} else {
-		w.kstr("text", text).knull("logprobs").kstr("finish_reason", out.finish)
+		w.kstr("text", text)
+		if s.cfg.Engine == engines.TRTLLM {
+			w.knull("token_ids").knull("logprobs").knull("context_logits")
+		} else {
+			w.knull("logprobs")
+		}
+		w.kstr("finish_reason", out.finish)
 	}
 	switch s.cfg.Engine {
 	case engines.VLLM:
-		w.knull("stop_reason")
+		w.knull("stop_reason").knull("token_ids")
 		if job.api == apiCompletion {
-			w.knull("prompt_logprobs")
+			w.knull("prompt_logprobs").knull("prompt_token_ids")
 		}
 	case engines.SGLang:
 		w.knull("matched_stop")
@@ -91,7 +104,10 @@ func (s *Sim) renderFull(job *genJob, out *genOutcome) []byte {
 		w.knull("stop_reason")
 		if p := job.pd.trtParamsOut; p != nil {
 			w.key("disaggregated_params").raw(p)
+		} else {
+			w.knull("disaggregated_params")
 		}
+		w.knull("avg_decoded_tokens_per_iter")
 	}
 	w.end().aend()
 	if s.cfg.Engine == engines.VLLM {
@@ -100,15 +116,21 @@ func (s *Sim) renderFull(job *genJob, out *genOutcome) []byte {
 	s.usage(w, out, out.completionTokens)
 	switch s.cfg.Engine {
 	case engines.VLLM:
-		w.knull("prompt_logprobs")
+		if job.api == apiChat {
+			w.knull("prompt_logprobs").knull("prompt_token_ids")
+		}
 		if p := job.pd.kvParamsOut; p != nil {
 			w.key("kv_transfer_params").raw(p)
 		} else {
 			w.knull("kv_transfer_params")
 		}
+	case engines.SGLang:
+		w.key("metadata").obj().kstr("weight_version", "default").end()
 	case engines.TRTLLM:
 		if job.pd.trtParamsOut != nil {
 			w.key("prompt_token_ids").ints(job.prompt)
+		} else {
+			w.knull("prompt_token_ids")
 		}
 	}
 	w.end()
@@ -151,6 +173,9 @@ func (s *Sim) renderChunks(job *genJob, out *genOutcome) []sseChunk {
 		s.renderLlamaFinal(w, job, out, "", nil)
 		add(w, false)
 		return chunks
+	}
+	if s.cfg.Engine != engines.LlamaCpp {
+		return s.renderOpenAIChunks(job, out, chunks)
 	}
 	id, created := s.responseID(job), s.created()
 	head := func(w *jw) {

@@ -163,8 +163,10 @@ func (s *Sim) newReceipt(ctx *fasthttp.RequestCtx) Receipt {
 
 // reqError is an error with the HTTP status the persona answers it with.
 type reqError struct {
-	status     int
-	validation bool // TRT-LLM answers validation errors in its short shape
+	status int
+	// validation: rejected by the framework's request validation, not by
+	// the engine's serving code (see errorBody).
+	validation bool
 	err        error
 	// msg, when set, is the engine's own wording sent to the client instead
 	// of err's text (engine messages end with a period, Go errors do not).
@@ -174,11 +176,11 @@ type reqError struct {
 func (e *reqError) Error() string { return e.err.Error() }
 func (e *reqError) Unwrap() error { return e.err }
 
-// engineBadRequest is a 400 whose client-facing text is the engine's own
-// sentence.
+// engineBadRequest is a 400 the engine's serving code answers (not its
+// request validation), with the engine's own sentence.
 func engineBadRequest(format string, a ...any) *reqError {
 	msg := fmt.Sprintf(format, a...)
-	return &reqError{status: fasthttp.StatusBadRequest, validation: true, err: fmt.Errorf("%w: %s", errBadRequest, strings.TrimSuffix(msg, ".")), msg: msg}
+	return &reqError{status: fasthttp.StatusBadRequest, err: fmt.Errorf("%w: %s", errBadRequest, strings.TrimSuffix(msg, ".")), msg: msg}
 }
 
 // text is what the client sees.

@@ -13,7 +13,9 @@ import (
 )
 
 // conformanceCase is one request whose exact response bytes are pinned in a
-// golden file.
+// golden file: a regression check of the simulator's own output (written
+// with -update), not evidence of an engine's contract — that is
+// source_conformance_test.go's job.
 type conformanceCase struct {
 	name       string
 	method     string
