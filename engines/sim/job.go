@@ -44,7 +44,15 @@ func (s *Sim) buildJob(ctx *fasthttp.RequestCtx, api apiKind, req *genRequest, r
 	}
 	explicit := req.MaxTokens != nil || req.MaxCompletionTokens != nil ||
 		(req.SamplingParams != nil && req.SamplingParams.MaxNewTokens != nil)
-	if explicit && job.max < 1 && !(api == apiGenerate && job.max == 0) {
+	switch {
+	case s.cfg.Engine == engines.LlamaCpp:
+		// llama-server samples one token before it checks the budget:
+		// max_tokens 0 gives 1 token, finish "length" (case max_tokens_0);
+		// a negative budget is unlimited.
+		if explicit && job.max == 0 {
+			job.max = 1
+		}
+	case explicit && job.max < 1 && !(api == apiGenerate && job.max == 0):
 		return nil, engineBadRequest("max_tokens must be at least 1, got %d.", job.max)
 	}
 	var err error
@@ -86,10 +94,9 @@ func (s *Sim) buildJob(ctx *fasthttp.RequestCtx, api apiKind, req *genRequest, r
 	if len(job.prompt) == 0 {
 		return nil, badRequest(fmt.Errorf("%w: the prompt is empty", errBadRequest))
 	}
-	if len(job.prompt) >= maxModelLen {
-		if s.cfg.Engine == engines.LlamaCpp {
-			return nil, badRequest(fmt.Errorf("%w: the request exceeds the available context size, try increasing it", errBadRequest))
-		}
+	if s.cfg.Engine == engines.LlamaCpp {
+		s.llamaTruncate(job)
+	} else if len(job.prompt) >= maxModelLen {
 		return nil, engineBadRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxModelLen, len(job.prompt))
 	}
 	job.rec = *rec

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -41,19 +42,19 @@ type llamaTransport struct {
 
 // llamaConnPolicy is the part of the adapter's ConnPolicy the persona
 // enforces.
+// Its CloseAfterStream holds by construction: llamaStream writes every
+// stream on the hijacked connection, which is closed after it.
 type llamaConnPolicy struct {
-	closeAfterStream bool
-	maxRequests      int
-	servingConns     int
+	maxRequests  int
+	servingConns int
 }
 
 func newLlamaTransport(ctx context.Context, cfg Config) *llamaTransport {
 	p := llamacpp.Adapter{}.Conn()
 	t := &llamaTransport{
 		policy: llamaConnPolicy{
-			closeAfterStream: p.CloseAfterStream,
-			maxRequests:      p.MaxRequestsPerConn,
-			servingConns:     p.ServingConns,
+			maxRequests:  p.MaxRequestsPerConn,
+			servingConns: p.ServingConns,
 		},
 		idle:     p.IdleTimeout,
 		stopping: ctx.Done(),
@@ -157,8 +158,17 @@ func (t *llamaTransport) finish(ctx *fasthttp.RequestCtx) {
 		return // a crash fault writes its own bytes
 	}
 	h := &ctx.Response.Header
-	closing := ctx.Request.Header.ConnectionClose() ||
-		(t.policy.maxRequests > 0 && ctx.ConnRequestNum() >= uint64(t.policy.maxRequests))
+	// llama-server's header set: no request id, no Cache-Control, and its
+	// own Content-Types.
+	h.Del("X-Request-Id")
+	h.Del("Cache-Control")
+	switch string(h.ContentType()) {
+	case "application/json":
+		h.SetContentType("application/json; charset=utf-8")
+	case "text/event-stream; charset=utf-8":
+		h.SetContentType("text/event-stream")
+	}
+	closing := t.closing(ctx)
 	if !closing {
 		// The advertised timeout is whole seconds, as llama-server prints
 		// it; a shortened test idle time still advertises what it enforces.
@@ -167,14 +177,6 @@ func (t *llamaTransport) finish(ctx *fasthttp.RequestCtx) {
 	// llama-server echoes the request's Origin, and sends the header empty
 	// when there is none.
 	h.SetBytesV("Access-Control-Allow-Origin", ctx.Request.Header.Peek("Origin"))
-	if ctx.Response.IsBodyStream() {
-		if t.policy.closeAfterStream && !closing {
-			// Hijacking after the answer is written closes the connection
-			// once the final chunk is out, with no Connection header.
-			ctx.Hijack(func(net.Conn) {})
-		}
-		return
-	}
 	if t.stall > 0 && ctx.ConnRequestNum() > 1 {
 		body := append([]byte(nil), ctx.Response.Body()...)
 		ctx.Response.SetBodyStream(&stalledBody{body: body, delay: t.stall, stop: t.stopping}, len(body))
@@ -210,4 +212,51 @@ func (b *stalledBody) Read(p []byte) (int, error) {
 	n := copy(p, b.body)
 	b.body = b.body[n:]
 	return n, nil
+}
+
+// llamaStream writes a streamed answer the way llama-server does: its
+// header set in its order, one HTTP chunk per SSE event, the final
+// 0-length chunk, and then the connection is closed (the hijacked
+// connection is closed when this handler returns), whatever the
+// Keep-Alive header said.
+func (s *Sim) llamaStream(ctx *fasthttp.RequestCtx, job *genJob, out *genOutcome, chunks []sseChunk, release func()) {
+	t := s.llama
+	var head []byte
+	head = append(head, "HTTP/1.1 200 OK\r\n"...)
+	if t.closing(ctx) {
+		head = append(head, "Connection: close\r\n"...)
+	} else {
+		head = append(head, "Keep-Alive: "+t.keepAlive()+"\r\n"...)
+	}
+	head = append(head, "Content-Type: text/event-stream\r\nServer: llama.cpp\r\nTransfer-Encoding: chunked\r\nAccess-Control-Allow-Origin: "...)
+	head = append(head, ctx.Request.Header.Peek("Origin")...)
+	head = append(head, "\r\n\r\n"...)
+	ctx.HijackSetNoResponse(true)
+	s.wg.Add(1)
+	ctx.Hijack(func(c net.Conn) {
+		defer s.wg.Done()
+		defer release()
+		bw := bufio.NewWriter(c)
+		if _, err := bw.Write(head); err != nil {
+			return
+		}
+		cw := &chunkedWriter{w: bw}
+		// One Write per event, so one chunk per event.
+		n := s.streamChunks(bufio.NewWriterSize(cw, 1), out, chunks, -1)
+		if n == len(chunks) {
+			_, _ = bw.WriteString("0\r\n\r\n")
+			_ = bw.Flush()
+		} else {
+			out.finish = "abort"
+		}
+		s.metrics.finished(out.finish)
+		s.receipts.add(job.rec)
+	})
+}
+
+// closing reports whether this answer ends the connection: the request
+// asked for it, or it is the last one the connection may carry.
+func (t *llamaTransport) closing(ctx *fasthttp.RequestCtx) bool {
+	return ctx.Request.Header.ConnectionClose() ||
+		(t.policy.maxRequests > 0 && ctx.ConnRequestNum() >= uint64(t.policy.maxRequests))
 }

@@ -197,10 +197,6 @@ func badRequest(err error) *reqError {
 // serveGen serves one inference request of any API family.
 func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 	rec := s.newReceipt(ctx)
-	if s.cfg.Engine == engines.LlamaCpp && s.loading() {
-		s.writeError(ctx, &rec, fasthttp.StatusServiceUnavailable, "Loading model", false)
-		return
-	}
 	req, err := parseGenRequest(ctx.PostBody())
 	if err != nil {
 		s.writeError(ctx, &rec, fasthttp.StatusBadRequest, s.messageFor(err), true)
@@ -268,6 +264,10 @@ func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 	}
 	if crashAfter > 0 {
 		s.crashStream(ctx, job, out, chunks, crashAfter, release)
+		return
+	}
+	if s.llama != nil {
+		s.llamaStream(ctx, job, out, chunks, release)
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
