@@ -96,9 +96,13 @@ func (c *testClock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func loadIndex(t *testing.T) captureIndex {
+// captureSets are the capture directories: the shared capture session and
+// the extra exchanges recorded later from the same build.
+var captureSets = []string{"testdata", filepath.Join("testdata", "extra")}
+
+func loadIndex(t *testing.T, dir string) captureIndex {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", "index.json"))
+	b, err := os.ReadFile(filepath.Join(dir, "index.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,9 +116,9 @@ func loadIndex(t *testing.T) captureIndex {
 // captureOrder is the cases in the order they were captured (index.json
 // lists them so); state such as "after requests" or "after loading"
 // follows from it.
-func captureOrder(t *testing.T) []string {
+func captureOrder(t *testing.T, dir string) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", "index.json"))
+	b, err := os.ReadFile(filepath.Join(dir, "index.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,45 +149,52 @@ func captureOrder(t *testing.T) []string {
 
 func TestConformance(t *testing.T) {
 	parent := t
-	idx := loadIndex(t)
-	for name := range notApplicable {
-		if _, ok := idx.Cases[name]; !ok {
-			t.Errorf("notApplicable names %q, which is not a captured case", name)
-		}
-	}
+	known := map[string]bool{}
 	clock := &testClock{}
 	sims := map[string]*sim.Sim{}
-	for _, name := range captureOrder(t) {
-		c := idx.Cases[name]
-		t.Run(name, func(t *testing.T) {
-			if reason, ok := notApplicable[name]; ok {
-				t.Skipf("not applicable to a simulator: %s", reason)
+	for _, dir := range captureSets {
+		idx := loadIndex(t, dir)
+		for _, name := range captureOrder(t, dir) {
+			if known[name] {
+				t.Fatalf("case %q is captured twice", name)
 			}
-			cfg, ok := instanceConfig(c.Instance, clock)
-			if !ok {
-				t.Fatalf("no simulator configuration for instance %q", c.Instance)
-			}
-			s := sims[c.Instance]
-			if s == nil {
-				var err error
-				if s, err = startShared(parent, cfg); err != nil {
-					t.Fatal(err)
+			known[name] = true
+			c := idx.Cases[name]
+			t.Run(name, func(t *testing.T) {
+				if reason, ok := notApplicable[name]; ok {
+					t.Skipf("not applicable to a simulator: %s", reason)
 				}
-				sims[c.Instance] = s
-			}
-			if name == "health_ready_after_loading" {
-				clock.advance(2 * time.Hour)
-			}
-			want := readCapture(t, c.ResponseFile)
-			req := readRequest(t, c.RequestFile)
-			if strings.HasSuffix(name, "_busy") {
-				stop := startBusy(t, s)
-				defer stop()
-			}
-			conn := dial(t, s.Addrs().HTTP)
-			got := conn.roundTrip(req.Method, req.Path, requestHeaders(req), req.Body)
-			compareResponse(t, want, got)
-		})
+				cfg, ok := instanceConfig(c.Instance, clock)
+				if !ok {
+					t.Fatalf("no simulator configuration for instance %q", c.Instance)
+				}
+				s := sims[c.Instance]
+				if s == nil {
+					var err error
+					if s, err = startShared(parent, cfg); err != nil {
+						t.Fatal(err)
+					}
+					sims[c.Instance] = s
+				}
+				if name == "health_ready_after_loading" {
+					clock.advance(2 * time.Hour)
+				}
+				want := readCapture(t, filepath.Join(dir, c.ResponseFile))
+				req := readRequest(t, filepath.Join(dir, c.RequestFile))
+				if strings.HasSuffix(name, "_busy") {
+					stop := startBusy(t, s)
+					defer stop()
+				}
+				conn := dial(t, s.Addrs().HTTP)
+				got := conn.roundTrip(req.Method, req.Path, requestHeaders(req), req.Body)
+				compareResponse(t, want, got)
+			})
+		}
+	}
+	for name := range notApplicable {
+		if !known[name] {
+			t.Errorf("notApplicable names %q, which is not a captured case", name)
+		}
 	}
 }
 
@@ -227,7 +238,7 @@ func startBusy(t *testing.T, s *sim.Sim) (stop func()) {
 
 func readCapture(t *testing.T, file string) *rawResponse {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", file))
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +251,7 @@ func readCapture(t *testing.T, file string) *rawResponse {
 
 func readRequest(t *testing.T, file string) capturedRequest {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", file))
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}

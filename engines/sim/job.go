@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
 // trtKnownFields are the top-level request fields trtllm-serve's pydantic
@@ -46,9 +47,16 @@ func (s *Sim) buildJob(ctx *fasthttp.RequestCtx, api apiKind, req *genRequest, r
 		(req.SamplingParams != nil && req.SamplingParams.MaxNewTokens != nil)
 	switch {
 	case s.cfg.Engine == engines.LlamaCpp:
-		// llama-server samples one token before it checks the budget:
-		// max_tokens 0 gives 1 token, finish "length" (case max_tokens_0);
-		// a negative budget is unlimited.
+		// n_predict wins over max_tokens (case n_predict_wins). llama-server
+		// samples one token before it checks the budget: 0 gives 1 token,
+		// finish "length" (case max_tokens_0); a negative budget is
+		// unlimited.
+		if req.NPredict != nil {
+			job.max, explicit = max(*req.NPredict, -1), true
+		}
+		if job.max < -1 {
+			job.max = -1
+		}
 		if explicit && job.max == 0 {
 			job.max = 1
 		}
@@ -62,7 +70,13 @@ func (s *Sim) buildJob(ctx *fasthttp.RequestCtx, api apiKind, req *genRequest, r
 		// server's prompt token ids.
 		job.prompt = append([]uint32(nil), req.PromptTokenIDs...)
 	case api == apiChat:
-		msgs, perr := parseMessages(req.Messages)
+		var msgs []tokenizer.Message
+		var perr error
+		if s.cfg.Engine == engines.LlamaCpp {
+			msgs = llamaMessages(req.Messages) // checked by llamaValidate
+		} else {
+			msgs, perr = parseMessages(req.Messages)
+		}
 		if perr != nil {
 			return nil, badRequest(perr)
 		}
@@ -91,7 +105,8 @@ func (s *Sim) buildJob(ctx *fasthttp.RequestCtx, api apiKind, req *genRequest, r
 		}
 		job.prompt = s.promptTokens(p)
 	}
-	if len(job.prompt) == 0 {
+	// llama-server accepts an empty prompt (its BOS alone).
+	if len(job.prompt) == 0 && s.cfg.Engine != engines.LlamaCpp {
 		return nil, badRequest(fmt.Errorf("%w: the prompt is empty", errBadRequest))
 	}
 	if s.cfg.Engine == engines.LlamaCpp {

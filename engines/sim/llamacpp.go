@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines/llamacpp"
+	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
 // The llama.cpp persona reproduces llama-server as captured in
@@ -52,7 +53,9 @@ func (s *Sim) routeLlama(ctx *fasthttp.RequestCtx, path string) {
 	get := ctx.IsGet() || ctx.IsHead()
 	post := ctx.IsPost()
 	switch {
-	case get && (path == "/health" || path == "/v1/health"):
+	case get && path == "/":
+		s.llamaIndex(ctx)
+	case get && path == "/health":
 		if s.faults.healthFail() {
 			s.writeError(ctx, nil, fasthttp.StatusServiceUnavailable, "Loading model", false)
 			return
@@ -75,6 +78,20 @@ func (s *Sim) routeLlama(ctx *fasthttp.RequestCtx, path string) {
 		s.llamaApplyTemplate(ctx)
 	case get && path == "/props":
 		s.llamaProps(ctx)
+	case post && path == "/props":
+		s.writeError(ctx, nil, fasthttp.StatusNotImplemented, "This server does not support changing global properties. Start it with `--props`", false)
+	case post && strings.HasPrefix(path, "/slots/"):
+		s.writeError(ctx, nil, fasthttp.StatusNotImplemented, "This server does not support slots action. Start it with `--slot-save-path`", false)
+	case path == "/lora-adapters" && (get || post):
+		// No adapters loaded: the list is empty and setting it succeeds.
+		ctx.SetContentType("application/json")
+		if post {
+			ctx.SetBodyString(`{"success":true}`)
+		} else {
+			ctx.SetBodyString(`[]`)
+		}
+	case post && (path == "/rerank" || path == "/reranking" || path == "/v1/rerank" || path == "/v1/reranking"):
+		s.writeError(ctx, nil, fasthttp.StatusNotImplemented, "This server does not support reranking. Start it with `--reranking` and without `--embedding`", false)
 	case get && path == "/slots":
 		if !s.cfg.EnableSlots {
 			s.writeError(ctx, nil, fasthttp.StatusNotImplemented, "This server does not support slots endpoint. Start it with `--slots`", false)
@@ -89,9 +106,9 @@ func (s *Sim) routeLlama(ctx *fasthttp.RequestCtx, path string) {
 		s.serveMetrics(ctx)
 		ctx.SetContentType("text/plain; version=0.0.4")
 		ctx.Response.Header.Set("Process-Start-Time-Unix", strconv.FormatInt(s.started.Unix(), 10))
-	case post && (path == "/v1/embeddings" || path == "/embeddings"):
+	case post && path == "/v1/embeddings":
 		s.llamaEmbeddings(ctx, true)
-	case post && path == "/embedding":
+	case post && (path == "/embedding" || path == "/embeddings"):
 		s.llamaEmbeddings(ctx, false)
 	case post && path == "/infill":
 		// The simulated model has no fill-in-the-middle tokens.
@@ -148,7 +165,52 @@ func (s *Sim) llamaGen(ctx *fasthttp.RequestCtx, api apiKind) {
 		s.writeError(ctx, nil, status, msg, false)
 		return
 	}
+	if b, changed := llamaLenient(body); changed {
+		ctx.Request.SetBody(b)
+	}
 	s.serveGen(ctx, api)
+}
+
+// llamaLenient drops the fields whose JSON type is not the one the server
+// reads: llama-server reads each parameter with a default for a missing
+// or mistyped value ("stream": "yes" streams nothing, "max_tokens": "2"
+// is unlimited, "model": 5 answers with the alias).
+func llamaLenient(body map[string]json.RawMessage) ([]byte, bool) {
+	changed := false
+	for range len(body) + 1 {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, false
+		}
+		var te *json.UnmarshalTypeError
+		if err := json.Unmarshal(b, new(genRequest)); !errors.As(err, &te) || te.Field == "" {
+			return b, changed
+		}
+		top, _, _ := strings.Cut(te.Field, ".")
+		if _, ok := body[top]; !ok {
+			return b, changed
+		}
+		delete(body, top)
+		changed = true
+	}
+	return nil, false
+}
+
+// llamaIndex is GET /: the built-in web UI, which is served gzip-encoded
+// only. A client that does not accept gzip gets llama-server's plain-text
+// refusal; one that does gets a small page standing in for the UI (the
+// simulator does not ship llama.cpp's 1.2 MB bundle).
+func (s *Sim) llamaIndex(ctx *fasthttp.RequestCtx) {
+	if !bytes.Contains(ctx.Request.Header.Peek("Accept-Encoding"), []byte("gzip")) {
+		ctx.SetContentType("text/plain")
+		ctx.SetBodyString("Error: gzip is not supported by this browser")
+		return
+	}
+	ctx.Response.Header.Set("Cross-Origin-Embedder-Policy", "require-corp")
+	ctx.Response.Header.Set("Cross-Origin-Opener-Policy", "same-origin")
+	ctx.Response.Header.Set("Content-Encoding", "gzip")
+	ctx.SetContentType("text/html; charset=utf-8")
+	ctx.SetBody(fasthttp.AppendGzipBytes(nil, []byte("<!DOCTYPE html><html><body>llama.cpp persona of llmgw sim</body></html>\n")))
 }
 
 // llamaValidate applies llama-server's checks, in its order: chat needs a
@@ -158,13 +220,21 @@ func llamaValidate(api apiKind, body map[string]json.RawMessage) (int, string) {
 	const e500 = fasthttp.StatusInternalServerError
 	switch api {
 	case apiChat:
+		// Without --jinja: tools need it, tool_choice is refused; both are
+		// checked before the messages.
+		var tools []json.RawMessage
+		if json.Unmarshal(body["tools"], &tools) == nil && len(tools) > 0 {
+			return e500, "tools param requires --jinja flag"
+		}
+		if _, ok := body["tool_choice"]; ok {
+			return e500, "Unsupported param: tool_choice"
+		}
 		msgs, ok := body["messages"]
 		if !ok {
 			return e500, "[json.exception.out_of_range.403] key 'messages' not found"
 		}
-		if t := bytes.TrimSpace(msgs); len(t) == 0 || t[0] != '[' {
-			d := compactJSON(msgs)
-			return e500, "Failed to parse messages: Expected 'messages' to be an array, got " + d + "; messages = " + d
+		if msg := llamaCheckMessages(msgs); msg != "" {
+			return e500, "Failed to parse messages: " + msg + "; messages = " + indentJSON(msgs)
 		}
 	case apiCompletion:
 		if _, ok := body["prompt"]; !ok {
@@ -174,26 +244,95 @@ func llamaValidate(api apiKind, body map[string]json.RawMessage) (int, string) {
 		if _, ok := body["prompt"]; !ok {
 			return fasthttp.StatusBadRequest, "[json.exception.out_of_range.403] key 'prompt' not found"
 		}
+	}
+	if api != apiChat {
+		if t := bytes.TrimSpace(body["prompt"]); len(t) == 0 || (t[0] != '"' && t[0] != '[') {
+			return fasthttp.StatusBadRequest, `"prompt" must be a string, an list of tokens, a list of mixed strings & tokens, or a list of prompts`
+		}
+	}
+	if api == apiLlama {
 		return 0, ""
 	}
 	if n, ok := body["n"]; ok {
 		var v float64
-		if json.Unmarshal(n, &v) == nil && v != 1 {
+		if json.Unmarshal(n, &v) == nil && !isNull(n) && v != 1 {
 			return e500, "Only one completion choice is allowed"
 		}
 	}
-	if api == apiCompletion {
-		var echo bool
-		if json.Unmarshal(body["echo"], &echo) == nil && echo {
-			return e500, "Only no echo is supported"
+	if api == apiChat {
+		var logprobs bool
+		if _, ok := body["top_logprobs"]; ok && !isNull(body["top_logprobs"]) {
+			if json.Unmarshal(body["logprobs"], &logprobs); !logprobs {
+				return e500, "top_logprobs requires logprobs to be set to true"
+			}
 		}
-		for _, p := range []string{"best_of", "suffix"} {
+	}
+	if api == apiCompletion {
+		// Refused by presence, whatever the value.
+		for _, p := range []string{"best_of", "echo", "suffix"} {
 			if _, ok := body[p]; ok {
 				return e500, "Unsupported param: " + p
 			}
 		}
 	}
 	return 0, ""
+}
+
+// llamaCheckMessages applies llama-server's message checks
+// (common_chat_msgs_parse_oaicompat): an array of objects, each with a
+// role and a string, null or text-parts content. It returns "" when the
+// messages are acceptable.
+func llamaCheckMessages(raw json.RawMessage) string {
+	const ref = " (ref: https://github.com/ggml-org/llama.cpp/issues/8367)"
+	var msgs []json.RawMessage
+	if t := bytes.TrimSpace(raw); len(t) == 0 || t[0] != '[' || json.Unmarshal(raw, &msgs) != nil {
+		return "Expected 'messages' to be an array, got " + compactJSON(raw)
+	}
+	for _, m := range msgs {
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(m, &fields) != nil {
+			return "Expected 'message' to be an object, got " + compactJSON(m)
+		}
+		if _, ok := fields["role"]; !ok {
+			return "Missing 'role' in message: " + compactJSON(m)
+		}
+		content, ok := fields["content"]
+		if !ok {
+			if _, calls := fields["tool_calls"]; !calls {
+				return "Expected 'content'" + ref
+			}
+			continue
+		}
+		t := bytes.TrimSpace(content)
+		switch {
+		case isNull(t), t[0] == '"':
+		case t[0] == '[':
+			var parts []struct {
+				Type json.RawMessage `json:"type"`
+			}
+			if json.Unmarshal(t, &parts) != nil {
+				return "Invalid 'content' type: expected string or array, got " + compactJSON(t) + ref
+			}
+			for _, p := range parts {
+				if string(p.Type) != `"text"` {
+					return "Unsupported content part type: " + compactJSON(p.Type)
+				}
+			}
+		default:
+			return "Invalid 'content' type: expected string or array, got " + compactJSON(t) + ref
+		}
+	}
+	return ""
+}
+
+// indentJSON is nlohmann's dump(2): two-space indent, the request's key
+// order.
+func indentJSON(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	return b.String()
 }
 
 func compactJSON(raw json.RawMessage) string {
@@ -241,6 +380,14 @@ func llamaParseBody(b []byte) (map[string]json.RawMessage, error) {
 		return nil, fmt.Errorf("[json.exception.parse_error.101] %w", err)
 	}
 	return out, nil
+}
+
+// nlohmannTypeError is nlohmann::json's message for reading raw as the
+// wanted type.
+func nlohmannTypeError(want string, raw json.RawMessage) string {
+	var v any
+	_ = json.Unmarshal(raw, &v)
+	return "[json.exception.type_error.302] type must be " + want + ", but is " + nlohmannType(v)
 }
 
 func nlohmannType(v any) string {
@@ -420,12 +567,7 @@ func (s *Sim) llamaApplyTemplate(ctx *fasthttp.RequestCtx) {
 		s.writeError(ctx, nil, status, msg, false)
 		return
 	}
-	msgs, err := parseMessages(body["messages"])
-	if err != nil {
-		s.writeError(ctx, nil, fasthttp.StatusInternalServerError, "Failed to parse messages: "+s.messageFor(err), false)
-		return
-	}
-	text, err := s.render.Render(msgs, true)
+	text, err := s.render.Render(llamaMessages(body["messages"]), true)
 	if err != nil {
 		s.writeError(ctx, nil, fasthttp.StatusInternalServerError, err.Error(), false)
 		return
@@ -447,7 +589,7 @@ func (s *Sim) llamaDetokenize(ctx *fasthttp.RequestCtx) {
 	var ids []uint32
 	if raw, ok := body["tokens"]; ok {
 		if err := json.Unmarshal(raw, &ids); err != nil {
-			s.writeError(ctx, nil, fasthttp.StatusInternalServerError, "[json.exception.type_error.302] "+err.Error(), false)
+			s.writeError(ctx, nil, fasthttp.StatusInternalServerError, nlohmannTypeError("array", raw), false)
 			return
 		}
 	}
@@ -464,13 +606,13 @@ func (s *Sim) llamaDetokenize(ctx *fasthttp.RequestCtx) {
 // vectors are deterministic noise of the model's width; that the native
 // endpoint nests a pooled vector in a one-element array is not captured.
 func (s *Sim) llamaEmbeddings(ctx *fasthttp.RequestCtx, oai bool) {
-	if oai && !s.cfg.Embeddings {
-		s.writeError(ctx, nil, fasthttp.StatusBadRequest, "Pooling type 'none' is not OAI compatible. Please use a different pooling type", false)
-		return
-	}
 	body, err := llamaParseBody(ctx.PostBody())
 	if err != nil {
 		s.writeError(ctx, nil, fasthttp.StatusInternalServerError, err.Error(), false)
+		return
+	}
+	if oai && !s.cfg.Embeddings {
+		s.writeError(ctx, nil, fasthttp.StatusBadRequest, "Pooling type 'none' is not OAI compatible. Please use a different pooling type", false)
 		return
 	}
 	raw, ok := body["input"]
@@ -486,7 +628,9 @@ func (s *Sim) llamaEmbeddings(ctx *fasthttp.RequestCtx, oai bool) {
 	if json.Unmarshal(raw, &one) == nil {
 		inputs = []string{one}
 	} else if err := json.Unmarshal(raw, &inputs); err != nil {
-		s.writeError(ctx, nil, fasthttp.StatusBadRequest, "input must be a string or an array of strings", false)
+		// Token-id inputs are not simulated; other types are refused as
+		// the tokenizer refuses them (case: "content": 5).
+		s.writeError(ctx, nil, fasthttp.StatusInternalServerError, `"prompt" must be a string, an list of tokens, a list of mixed strings & tokens, or a list of prompts`, false)
 		return
 	}
 	w := &jw{}
@@ -767,21 +911,23 @@ func (s *Sim) serveTokenizeLlama(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	var req struct {
-		Content    *string `json:"content"`
-		AddSpecial bool    `json:"add_special"`
-		WithPieces bool    `json:"with_pieces"`
+		AddSpecial bool `json:"add_special"`
+		WithPieces bool `json:"with_pieces"`
 	}
-	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
-		s.writeError(ctx, nil, fasthttp.StatusInternalServerError, "[json.exception.type_error.302] "+err.Error(), false)
-		return
-	}
-	_ = body
+	// Mistyped flags fall back to false, as json_value does.
+	_ = json.Unmarshal(body["add_special"], &req.AddSpecial)
+	_ = json.Unmarshal(body["with_pieces"], &req.WithPieces)
 	var ids []uint32
-	if req.Content != nil {
+	if raw, ok := body["content"]; ok {
+		var content string
+		if err := json.Unmarshal(raw, &content); err != nil {
+			s.writeError(ctx, nil, fasthttp.StatusInternalServerError, nlohmannTypeError("string", raw), false)
+			return
+		}
 		if req.AddSpecial {
 			ids = append(ids, s.bos...)
 		}
-		ids = s.tok.Encode(ids, *req.Content)
+		ids = s.tok.Encode(ids, content)
 	}
 	w := &jw{}
 	w.obj().key("tokens")
@@ -797,4 +943,31 @@ func (s *Sim) serveTokenizeLlama(ctx *fasthttp.RequestCtx) {
 	w.end()
 	ctx.SetContentType("application/json")
 	ctx.SetBody(w.b)
+}
+
+// llamaMessages reads messages llamaValidate accepted: an empty list is
+// allowed, null content is empty, text parts are joined.
+func llamaMessages(raw json.RawMessage) []tokenizer.Message {
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	_ = json.Unmarshal(raw, &msgs)
+	out := make([]tokenizer.Message, 0, len(msgs))
+	for _, m := range msgs {
+		var text string
+		if json.Unmarshal(m.Content, &text) != nil {
+			var parts []struct {
+				Text string `json:"text"`
+			}
+			_ = json.Unmarshal(m.Content, &parts)
+			var b strings.Builder
+			for _, p := range parts {
+				b.WriteString(p.Text)
+			}
+			text = b.String()
+		}
+		out = append(out, tokenizer.Message{Role: m.Role, Content: text})
+	}
+	return out
 }
