@@ -231,26 +231,47 @@ func (s *Sim) llamaStream(ctx *fasthttp.RequestCtx, job *genJob, out *genOutcome
 	head = append(head, "Content-Type: text/event-stream\r\nServer: llama.cpp\r\nTransfer-Encoding: chunked\r\nAccess-Control-Allow-Origin: "...)
 	head = append(head, ctx.Request.Header.Peek("Origin")...)
 	head = append(head, "\r\n\r\n"...)
+	// The slot is free before the final event is sent, as llama-server
+	// releases it before it sends the final result: a /slots or /metrics
+	// read after the stream sees it idle.
+	tokens := len(chunks)
+	for tokens > 0 && !chunks[tokens-1].token {
+		tokens--
+	}
 	ctx.HijackSetNoResponse(true)
 	s.wg.Add(1)
 	ctx.Hijack(func(c net.Conn) {
 		defer s.wg.Done()
-		defer release()
+		released := false
+		free := func() {
+			if !released {
+				released = true
+				release()
+			}
+		}
+		defer free()
 		bw := bufio.NewWriter(c)
 		if _, err := bw.Write(head); err != nil {
 			return
 		}
-		cw := &chunkedWriter{w: bw}
 		// One Write per event, so one chunk per event.
-		n := s.streamChunks(bufio.NewWriterSize(cw, 1), out, chunks, -1)
+		w := bufio.NewWriterSize(&chunkedWriter{w: bw}, 1)
+		n := s.streamChunks(w, out, chunks[:tokens], -1)
+		if n == tokens {
+			free()
+			n += s.streamChunks(w, out, chunks[tokens:], -1)
+		}
+		if n != len(chunks) {
+			out.finish = "abort"
+		}
+		// Accounted before the terminator, so a client that read the
+		// whole answer finds its receipt.
+		s.metrics.finished(out.finish)
+		s.receipts.add(job.rec)
 		if n == len(chunks) {
 			_, _ = bw.WriteString("0\r\n\r\n")
 			_ = bw.Flush()
-		} else {
-			out.finish = "abort"
 		}
-		s.metrics.finished(out.finish)
-		s.receipts.add(job.rec)
 	})
 }
 
