@@ -1,6 +1,7 @@
 package llamacpp_test
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
@@ -111,7 +112,7 @@ func TestMaxRequestsPerConn(t *testing.T) {
 // shortened here); one with a partial request is not (transport.json
 // idle_close_seconds).
 func TestIdleClose(t *testing.T) {
-	s := startSim(t, sim.Config{IdleTimeout: 200 * time.Millisecond})
+	s := startSim(t, sim.Config{MaxConcurrency: 2, IdleTimeout: 200 * time.Millisecond})
 	used := dial(t, s.Addrs().HTTP)
 	silent := dial(t, s.Addrs().HTTP)
 	partial := dial(t, s.Addrs().HTTP)
@@ -139,15 +140,20 @@ func TestIdleClose(t *testing.T) {
 	}
 }
 
-// TestServingConnLimit: four connections are served at once; a fifth is
-// accepted by the kernel but answered only when one of the four closes
-// (here by the idle timeout), while a fourth next to three open ones is
+// TestServingConnLimit: as many connections as llama-server has HTTP
+// threads are served at once (4 for the captured -np 2 on 2 CPUs); one
+// more is accepted by the kernel but answered only when one of them
+// closes (here by the idle timeout), while the last one that fits is
 // answered at once (transport.json http_threads).
 func TestServingConnLimit(t *testing.T) {
-	t.Run("fourth_served", func(t *testing.T) {
-		s := startSim(t, sim.Config{})
+	if got := llamacpp.HTTPThreads(2, 2); got != 4 {
+		t.Fatalf("HTTPThreads(2, 2) = %d, want the captured 4", got)
+	}
+	limit := llamacpp.HTTPThreads(2, runtime.NumCPU())
+	t.Run("last_served", func(t *testing.T) {
+		s := startSim(t, sim.Config{MaxConcurrency: 2})
 		var held []*rawConn
-		for i := 0; i < 3; i++ {
+		for i := 0; i < limit-1; i++ {
 			c := dial(t, s.Addrs().HTTP)
 			if r := c.roundTrip("GET", "/health", nil, ""); r.status != 200 {
 				t.Fatalf("conn %d: %d", i, r.status)
@@ -155,29 +161,29 @@ func TestServingConnLimit(t *testing.T) {
 			held = append(held, c)
 		}
 		if r := dial(t, s.Addrs().HTTP).roundTrip("GET", "/health", nil, ""); r.status != 200 {
-			t.Fatalf("fourth: %d", r.status)
+			t.Fatalf("connection %d: %d", limit, r.status)
 		}
-		// The default idle timeout is 5 s: none of the three was closed
+		// The default idle timeout is 5 s: none of the others was closed
 		// to make room.
 		for i, c := range held {
 			if err := c.waitEOF(10 * time.Millisecond); err == nil {
-				t.Errorf("conn %d was closed before the fourth was served", i)
+				t.Errorf("conn %d was closed before connection %d was served", i, limit)
 			}
 		}
 	})
-	t.Run("fifth_waits", func(t *testing.T) {
-		s := startSim(t, sim.Config{IdleTimeout: 300 * time.Millisecond})
+	t.Run("one_more_waits", func(t *testing.T) {
+		s := startSim(t, sim.Config{MaxConcurrency: 2, IdleTimeout: 300 * time.Millisecond})
 		var held []*rawConn
-		for i := 0; i < 4; i++ {
+		for i := 0; i < limit; i++ {
 			c := dial(t, s.Addrs().HTTP)
 			if r := c.roundTrip("GET", "/health", nil, ""); r.status != 200 {
 				t.Fatalf("conn %d: %d", i, r.status)
 			}
 			held = append(held, c)
 		}
-		fifth := dial(t, s.Addrs().HTTP) // the kernel accepts it
-		if r := fifth.roundTrip("GET", "/health", nil, ""); r.status != 200 {
-			t.Fatalf("fifth: %d", r.status)
+		extra := dial(t, s.Addrs().HTTP) // the kernel accepts it
+		if r := extra.roundTrip("GET", "/health", nil, ""); r.status != 200 {
+			t.Fatalf("connection %d: %d", limit+1, r.status)
 		}
 		closed := 0
 		for _, c := range held {
@@ -186,7 +192,7 @@ func TestServingConnLimit(t *testing.T) {
 			}
 		}
 		if closed == 0 {
-			t.Fatal("the fifth connection was answered while four others were being served")
+			t.Fatalf("connection %d was answered while %d others were being served", limit+1, limit)
 		}
 	})
 }

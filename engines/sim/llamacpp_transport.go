@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -26,9 +27,11 @@ import (
 //   - an idle keep-alive connection, and a connection that never sent a
 //     byte, is closed (FIN, no answer) after the idle timeout; a connection
 //     with a partial request is not;
-//   - only ServingConns connections are served at once (one per HTTP
-//     thread): a further one is accepted by the kernel (listen backlog) but
-//     waits until a served one closes;
+//   - only as many connections as llama-server has HTTP threads are served
+//     at once (llamacpp.HTTPThreads of the persona's slots and this host's
+//     CPUs, as llama-server would size its pool here: 4 for two slots on two
+//     CPUs, the adapter's ServingConns): a further one is accepted by the
+//     kernel (listen backlog) but waits until a served one closes;
 //   - with the Nagle stall on, a non-streamed answer on a reused connection
 //     has its head written at once and its body llamacpp.ReusedConnStall
 //     later.
@@ -66,7 +69,8 @@ func newLlamaTransport(ctx context.Context, cfg Config) *llamaTransport {
 		t.stall = llamacpp.ReusedConnStall
 	}
 	if p.ServingConns > 0 {
-		t.serving = make(chan struct{}, p.ServingConns)
+		t.policy.servingConns = llamacpp.HTTPThreads(max(cfg.MaxConcurrency, 1), runtime.NumCPU())
+		t.serving = make(chan struct{}, t.policy.servingConns)
 	}
 	return t
 }
