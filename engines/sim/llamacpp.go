@@ -118,10 +118,11 @@ func (s *Sim) routeLlama(ctx *fasthttp.RequestCtx, path string) {
 	}
 }
 
-// llamaLoading answers every path with 503 while the model loads: the web
-// UI path with an HTML page, everything else with the JSON error.
+// llamaLoading answers every path with 503 while the model loads: "/" and
+// any ".html" path with an HTML page, everything else with the JSON error
+// (server.cpp middleware_server_state; cases *_loading).
 func (s *Sim) llamaLoading(ctx *fasthttp.RequestCtx, path string) {
-	if path == "/" || path == "/index.html" {
+	if path == "/" || strings.HasSuffix(path, ".html") {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetContentType("text/html; charset=utf-8")
 		ctx.SetBodyString(llamaLoadingPage)

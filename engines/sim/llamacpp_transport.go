@@ -44,9 +44,9 @@ type llamaTransport struct {
 }
 
 // llamaConnPolicy is the part of the adapter's ConnPolicy the persona
-// enforces.
-// Its CloseAfterStream holds by construction: llamaStream writes every
-// stream on the hijacked connection, which is closed after it.
+// enforces with settings; its CloseAfterStream holds by construction:
+// llamaStream writes every stream on the hijacked connection, which is
+// closed after it.
 type llamaConnPolicy struct {
 	maxRequests  int
 	servingConns int
@@ -159,7 +159,7 @@ func (t *llamaTransport) keepAlive() string {
 // finish applies the transport policy to the answer the persona built.
 func (t *llamaTransport) finish(ctx *fasthttp.RequestCtx) {
 	if ctx.Hijacked() {
-		return // a crash fault writes its own bytes
+		return // a stream (or a crash fault) writes its own head
 	}
 	h := &ctx.Response.Header
 	// llama-server's header set: no request id, no Cache-Control, and its
@@ -224,17 +224,7 @@ func (b *stalledBody) Read(p []byte) (int, error) {
 // connection is closed when this handler returns), whatever the
 // Keep-Alive header said.
 func (s *Sim) llamaStream(ctx *fasthttp.RequestCtx, job *genJob, out *genOutcome, chunks []sseChunk, release func()) {
-	t := s.llama
-	var head []byte
-	head = append(head, "HTTP/1.1 200 OK\r\n"...)
-	if t.closing(ctx) {
-		head = append(head, "Connection: close\r\n"...)
-	} else {
-		head = append(head, "Keep-Alive: "+t.keepAlive()+"\r\n"...)
-	}
-	head = append(head, "Content-Type: text/event-stream\r\nServer: llama.cpp\r\nTransfer-Encoding: chunked\r\nAccess-Control-Allow-Origin: "...)
-	head = append(head, ctx.Request.Header.Peek("Origin")...)
-	head = append(head, "\r\n\r\n"...)
+	head := s.llama.streamHead(ctx)
 	// The slot is free before the final event is sent, as llama-server
 	// releases it before it sends the final result: a /slots or /metrics
 	// read after the stream sees it idle.
@@ -277,6 +267,20 @@ func (s *Sim) llamaStream(ctx *fasthttp.RequestCtx, job *genJob, out *genOutcome
 			_ = bw.Flush()
 		}
 	})
+}
+
+// streamHead is the head of a streamed answer, in llama-server's header
+// order (cases chat_stream, chat_stream_connection_close).
+func (t *llamaTransport) streamHead(ctx *fasthttp.RequestCtx) []byte {
+	head := []byte("HTTP/1.1 200 OK\r\n")
+	if t.closing(ctx) {
+		head = append(head, "Connection: close\r\n"...)
+	} else {
+		head = append(head, "Keep-Alive: "+t.keepAlive()+"\r\n"...)
+	}
+	head = append(head, "Content-Type: text/event-stream\r\nServer: llama.cpp\r\nTransfer-Encoding: chunked\r\nAccess-Control-Allow-Origin: "...)
+	head = append(head, ctx.Request.Header.Peek("Origin")...)
+	return append(head, "\r\n\r\n"...)
 }
 
 // closing reports whether this answer ends the connection: the request
