@@ -87,7 +87,9 @@ type Sim struct {
 	running atomic.Int64
 	waiting atomic.Int64
 	reqSeq  atomic.Uint64
-	ready   time.Time // llama.cpp answers "Loading model" before this
+	started time.Time
+	ready   time.Time       // llama.cpp answers "Loading model" before this
+	llama   *llamaTransport // llama.cpp's connection behaviour; nil for other personas
 
 	metrics  metrics
 	faults   faultState
@@ -145,9 +147,14 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 		s.cancel()
 		return nil, fmt.Errorf("sim: listen %s: %w", cfg.Listen, err)
 	}
+	if cfg.Engine == engines.LlamaCpp {
+		s.llama = newLlamaTransport(s.ctx, cfg)
+		s.ln = s.llama.listener(s.ln)
+	}
 	s.addrs.HTTP = s.ln.Addr().String()
 	s.engineID = fmt.Sprintf("%s-sim-%s", cfg.Engine, portOf(s.addrs.HTTP))
-	s.ready = cfg.Clock().Add(cfg.LoadingFor)
+	s.started = cfg.Clock()
+	s.ready = s.started.Add(cfg.LoadingFor)
 
 	if err := s.startSidecars(); err != nil {
 		s.cancel()
@@ -168,6 +175,9 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 		// long (uvicorn's timeout_keep_alive for the Python servers); zero
 		// when the adapter knows no limit, which fasthttp reads as none.
 		IdleTimeout: adapter.Conn().IdleTimeout,
+	}
+	if s.llama != nil {
+		s.llama.configure(s.srv)
 	}
 	s.wg.Add(2)
 	go func() {
