@@ -54,6 +54,11 @@ func (pd) PrefillBody(body []byte, p *engines.PDPair) ([]byte, error) {
 // hand-off. Otherwise its disaggregated_params become the generation's,
 // with request_type generation_only.
 func (pd) HandOff(answer []byte, _ *engines.PDPair) engines.HandOff {
+	// Strictly valid JSON only: fastjson's parser alone is lax about
+	// numbers, and the params go on to the generation leg.
+	if fastjson.ValidateBytes(answer) != nil {
+		return engines.HandOff{Missing: "context-unparsable"}
+	}
 	var p fastjson.Parser
 	v, err := p.ParseBytes(answer)
 	if err != nil {
@@ -139,6 +144,9 @@ func (pd) ParseLeg(body []byte) (engines.PDLeg, error) {
 
 // ParseLegAnswer returns choices[0].disaggregated_params of a context answer.
 func (pd) ParseLegAnswer(answer []byte) []byte {
+	if fastjson.ValidateBytes(answer) != nil {
+		return nil
+	}
 	var p fastjson.Parser
 	v, err := p.ParseBytes(answer)
 	if err != nil {

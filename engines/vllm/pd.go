@@ -105,7 +105,13 @@ func (pd) HandOff(answer []byte, p *engines.PDPair) engines.HandOff {
 	return engines.HandOff{Missing: "kv-params-missing"}
 }
 
+// answerParams returns the answer's kv_transfer_params object, re-encoded;
+// nil for an answer that is not strictly valid JSON (fastjson's parser alone
+// is lax about numbers, and the object goes on to the decode).
 func answerParams(answer []byte) []byte {
+	if fastjson.ValidateBytes(answer) != nil {
+		return nil
+	}
 	var p fastjson.Parser
 	v, err := p.ParseBytes(answer)
 	if err != nil {
