@@ -2,6 +2,7 @@ package engines
 
 import (
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -217,6 +218,16 @@ type PDProtocol interface {
 	// ParseLegAnswer reads the hand-off a prefill (context) leg's answer
 	// carried, in the engine's own field (nil when none).
 	ParseLegAnswer(answer []byte) []byte
+	// ParseHandOff reads a hand-off object itself (what ParseLeg found in
+	// the body's hand-off field, as receipts record it); the concurrent
+	// shape has none and returns the zero PDLeg.
+	ParseHandOff(raw []byte) (PDLeg, error)
+	// CarryParams is the hand-off object a decode leg carries, given the
+	// one the prefill answered with (HandOff applies it).
+	CarryParams(answered []byte) []byte
+	// Summary says in one phrase what a correct hand-off shows (evidence
+	// text of the P/D runbook).
+	Summary() string
 
 	// BootstrapPort is the engine's default KV bootstrap port for the
 	// rendezvous shape (SGLang 8998); 0 when the engine has none, and then
@@ -229,6 +240,19 @@ type PDProtocol interface {
 
 // ErrPDBody: a P/D body or field is malformed (the client's fault).
 var ErrPDBody = errors.New("engines: malformed P/D body")
+
+// PDFieldError is a malformed P/D body or field. Its message is the
+// engine's own wording (the simulator answers with it verbatim);
+// errors.Is(err, ErrPDBody) holds.
+type PDFieldError struct{ Msg string }
+
+func (e *PDFieldError) Error() string        { return e.Msg }
+func (e *PDFieldError) Is(target error) bool { return target == ErrPDBody }
+
+// PDErrorf returns a PDFieldError.
+func PDErrorf(format string, a ...any) error {
+	return &PDFieldError{Msg: fmt.Sprintf(format, a...)}
+}
 
 // PDPair is one prefill/decode pair as the orchestrator chose it.
 type PDPair struct {

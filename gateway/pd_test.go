@@ -105,12 +105,12 @@ func TestPDHandOffPerEngine(t *testing.T) {
 					if pr[0].MaxTokens != 1 {
 						t.Errorf("prefill max_tokens = %d; want 1", pr[0].MaxTokens)
 					}
-					if len(dr[0].KVTransferParams) == 0 || dr[0].RemotePrefillTokens == 0 {
-						t.Errorf("decode got kv_transfer_params %s, remote tokens %d; want the prefill's", dr[0].KVTransferParams, dr[0].RemotePrefillTokens)
+					if len(dr[0].HandOff) == 0 || dr[0].RemotePrefillTokens == 0 {
+						t.Errorf("decode got kv_transfer_params %s, remote tokens %d; want the prefill's", dr[0].HandOff, dr[0].RemotePrefillTokens)
 					}
 					var in, out map[string]any
-					json.Unmarshal(dr[0].KVTransferParams, &in)
-					json.Unmarshal(pr[0].KVTransferParamsOut, &out)
+					json.Unmarshal(dr[0].HandOff, &in)
+					json.Unmarshal(pr[0].HandOffOut, &out)
 					if fmt.Sprint(in) != fmt.Sprint(out) {
 						t.Errorf("decode params %v differ from the prefill's %v", in, out)
 					}
@@ -122,8 +122,8 @@ func TestPDHandOffPerEngine(t *testing.T) {
 						t.Errorf("decode did not receive the prefill's KV")
 					}
 				case engines.TRTLLM:
-					if !strings.Contains(string(pr[0].DisaggregatedParams), `"context_only"`) || !strings.Contains(string(dr[0].DisaggregatedParams), `"generation_only"`) {
-						t.Errorf("disaggregated_params: context %s, generation %s", pr[0].DisaggregatedParams, dr[0].DisaggregatedParams)
+					if !strings.Contains(string(pr[0].HandOff), `"context_only"`) || !strings.Contains(string(dr[0].HandOff), `"generation_only"`) {
+						t.Errorf("disaggregated_params: context %s, generation %s", pr[0].HandOff, dr[0].HandOff)
 					}
 				}
 			})

@@ -8,6 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/sglang"
 	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
@@ -63,7 +64,7 @@ func (s *Sim) routeSGLang(ctx *fasthttp.RequestCtx, path string) {
 				kstr("disaggregation_mode", sglangMode(s.cfg.Role))
 			if s.boot != nil {
 				port := portOf(s.boot.addr)
-				w.key("disaggregation_bootstrap_port").raw([]byte(port))
+				w.key(sglang.ServerInfoBootstrapPort).raw([]byte(port))
 			}
 			if s.addrs.Events != "" {
 				kv := mustJSON(map[string]string{"publisher": "zmq", "endpoint": s.addrs.Events, "replay_endpoint": s.addrs.Replay})

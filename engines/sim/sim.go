@@ -25,6 +25,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // the personas' adapters
 	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/engines/tokenizer"
 )
@@ -64,6 +65,8 @@ type Sim struct {
 	serveErr chan error
 	addrs    Addrs
 	engineID string
+	// adapter is the persona's engine contract (engines/<engine>).
+	adapter engines.Adapter
 
 	tok    tokenizer.Tokenizer
 	render tokenizer.Renderer
@@ -100,6 +103,9 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 		return nil, err
 	}
 	s := &Sim{cfg: cfg, serveErr: make(chan error, 1)}
+	if s.adapter, err = engines.For(cfg.Engine); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	for i := 0; i < cfg.DPRanks; i++ {
 		s.ranks = append(s.ranks, &dpRank{cache: newPrefixCache(cfg.CacheBlocks)})
 	}
