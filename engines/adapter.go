@@ -138,6 +138,9 @@ type KVContract struct {
 	HashAlgos []string
 	// BlockSize is the engine's default KV block (page) size in tokens.
 	BlockSize int
+	// Layout is the msgpack event layout the engine publishes at the
+	// catalog version (ZMQ transports): EventLayoutMap or EventLayoutArray.
+	Layout string
 	// ZMQPort is the default event publisher port (ZMQ transports).
 	ZMQPort int
 	// ReplayOffset: the replay (ROUTER) socket is the publisher port plus
@@ -148,6 +151,14 @@ type KVContract struct {
 	// Destructive: reading events removes them, so one consumer only.
 	Destructive bool
 }
+
+// Event layouts of the ZMQ msgpack batches (engines/kvevents decodes both).
+const (
+	// EventLayoutArray: tagged arrays (vLLM ≤ 0.23, SGLang 0.5.x).
+	EventLayoutArray = "array"
+	// EventLayoutMap: tagged maps (vLLM after PR #42892).
+	EventLayoutMap = "map"
+)
 
 // EventTransport names how an engine delivers KV events.
 type EventTransport uint8

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // Engines asks the registry at init
 	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
@@ -34,7 +36,9 @@ import (
 // Valid values of the matrix dimensions.
 var (
 	// Engines are the engines qualify runs; "all" selects every one.
-	Engines = []string{profiles.EngineVLLM, profiles.EngineSGLang, profiles.EngineTRTLLM}
+	// They are the engines whose adapter has both a KV event contract
+	// (mode exact) and a P/D protocol (topology pd).
+	Engines = engines.Names(func(a engines.Adapter) bool { return a.KV() != nil && a.PD() != nil })
 	// Modes are the routing modes: round robin and KV-exact.
 	Modes = []string{"rr", "exact"}
 	// Topologies are converged (one pool) and pd (prefill/decode).

@@ -81,6 +81,7 @@ func (*Adapter) KV() *engines.KVContract {
 		HashAlgo:     string(kvhash.SHA256SGLang),
 		HashAlgos:    []string{string(kvhash.SHA256SGLang)},
 		BlockSize:    16,
+		Layout:       engines.EventLayoutArray,
 		ZMQPort:      5557,
 		ReplayOffset: 1000,
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sglang"
 	"github.com/llmgw/llmgw/engines/tokenizer"
+	"github.com/llmgw/llmgw/engines/trtllm"
 )
 
 func (s *Sim) routeVLLM(ctx *fasthttp.RequestCtx, path string) {
@@ -125,7 +126,7 @@ func (s *Sim) routeTRT(ctx *fasthttp.RequestCtx, path string) {
 		s.onlyGet(ctx, func() {
 			w := &jw{}
 			w.obj().kstr("model", s.cfg.Model).kint("tokens_per_block", int64(s.cfg.BlockSize)).
-				kstr("kv_cache_hash_algo", trtHashAlgo).kstr("disaggregated_role", trtRole(s.cfg.Role)).end()
+				kstr("kv_cache_hash_algo", trtllm.ReportedHashAlgo).kstr("disaggregated_role", trtRole(s.cfg.Role)).end()
 			ctx.SetContentType("application/json")
 			ctx.SetBody(w.b)
 		})

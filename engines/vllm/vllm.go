@@ -99,6 +99,7 @@ func (*Adapter) KV() *engines.KVContract {
 		HashAlgo:     string(kvhash.SHA256CBOR),
 		HashAlgos:    []string{string(kvhash.SHA256CBOR), string(kvhash.XXHashCBOR)},
 		BlockSize:    16,
+		Layout:       engines.EventLayoutMap,
 		ZMQPort:      5557,
 		ReplayOffset: 1000,
 	}

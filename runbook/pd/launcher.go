@@ -83,10 +83,11 @@ func (l *Sim) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill, de
 		for i := 1; i <= g.n; i++ {
 			cfg := sim.Config{Engine: kind, Model: spec.Model, Role: g.role, BlockSize: spec.BlockSize, HashSeed: seed,
 				EventEncoding: spec.EventEncoding, KVEvents: sim.KVEventsOff}
-			if spec.KVEvents && g.role == RolePrefill && (kind == engines.VLLM || kind == engines.SGLang) {
+			zmq := engines.KVOf(kind).PublishesZMQ()
+			if spec.KVEvents && g.role == RolePrefill && zmq {
 				cfg.KVEvents = "tcp://127.0.0.1:0"
 			}
-			if kind == engines.TRTLLM {
+			if !zmq {
 				cfg.EventEncoding = ""
 			}
 			// The simulators outlive the launch step: Stop closes them.
@@ -100,7 +101,9 @@ func (l *Sim) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill, de
 			a := s.Addrs()
 			w := Worker{Worker: runbook.Worker{ID: fmt.Sprintf("%s%d", g.prefix, i), HTTP: a.HTTP, Events: a.Events, Replay: a.Replay,
 				HealthPath: healthPath(spec), Owner: "sim:in-process"}, Role: g.role}
-			if g.role == RolePrefill && kind == engines.SGLang {
+			if g.role == RolePrefill && a.Bootstrap != "" {
+				// Only a rendezvous-shape prefill (SGLang) runs a bootstrap
+				// server.
 				w.Bootstrap = a.Bootstrap
 			}
 			out = append(out, w)

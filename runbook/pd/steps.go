@@ -183,7 +183,7 @@ func (s *state) buildRule(name string) *rule.Rule {
 				_, bp, _ := net.SplitHostPort(w.Bootstrap)
 				ep.BootstrapPort, _ = strconv.Atoi(bp)
 			}
-			if o.KVExact && kv != nil && kv.Transport == engines.EventsZMQ && w.Events != "" {
+			if o.KVExact && kv.PublishesZMQ() && w.Events != "" {
 				ep.KVEventsEndpoint, ep.KVReplayEndpoint = w.Events, w.Replay
 			}
 		}
