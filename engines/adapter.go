@@ -37,6 +37,9 @@ type Adapter interface {
 	ParseVersion(body []byte) (string, error)
 	// Metrics names the engine-native Prometheus series the lab reads.
 	Metrics() MetricNames
+	// Tokenize is how the engine's tokenize endpoint (Surfaces().Tokenize)
+	// is called, or nil when the engine has none.
+	Tokenize() *TokenizeShape
 
 	// KV is the engine's KV-cache event contract, or nil when the engine
 	// publishes none (llama.cpp).
@@ -111,6 +114,27 @@ type Surfaces struct {
 	MetricsOptIn string
 	// Models is the OpenAI model list path.
 	Models string
+}
+
+// TokenizeShape is the request and answer of an engine's tokenize
+// endpoint.
+type TokenizeShape struct {
+	// TextField is the request field carrying raw text ("prompt",
+	// "content").
+	TextField string
+	// MessagesField is the request field carrying chat messages, rendered
+	// by the engine's own chat template; "" when the endpoint takes text
+	// only.
+	MessagesField string
+	// AddSpecialField is the request field that asks for the BOS/special
+	// tokens, and AddSpecialDefault its value when absent.
+	AddSpecialField   string
+	AddSpecialDefault bool
+	// ModelField: the request names the model in this field ("" when it
+	// does not).
+	ModelField string
+	// TokensField is the answer's array of token ids.
+	TokensField string
 }
 
 // MetricNames are engine-native Prometheus series names ("" when the

@@ -75,6 +75,9 @@ func (*Adapter) Metrics() engines.MetricNames { return engines.MetricNames{} }
 // algorithm.
 const ReportedHashAlgo = "v1_block_key"
 
+// Tokenize: trtllm-serve has no tokenize endpoint.
+func (*Adapter) Tokenize() *engines.TokenizeShape { return nil }
+
 // KV: HTTP drain of /kv_cache_events (destructive: one consumer).
 func (*Adapter) KV() *engines.KVContract {
 	return &engines.KVContract{
