@@ -29,6 +29,7 @@ import (
 	"github.com/llmgw/llmgw/runbook"
 	"github.com/llmgw/llmgw/runbook/converged"
 	"github.com/llmgw/llmgw/runbook/gates"
+	"github.com/llmgw/llmgw/runbook/labkit"
 	"github.com/llmgw/llmgw/runbook/launcher"
 	"github.com/llmgw/llmgw/runbook/pd"
 )
@@ -110,7 +111,7 @@ type Progress interface {
 // valid values; nothing is started.
 func Plan(o *Options) ([]Case, error) {
 	if o.Catalog == nil {
-		c, err := profiles.Load()
+		c, err := labkit.LoadCatalog(nil)
 		if err != nil {
 			return nil, fmt.Errorf("qualify: %w", err)
 		}
