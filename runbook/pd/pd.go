@@ -20,7 +20,7 @@
 //     receipt; negative requests leave no receipt (delivery lane)
 //  7. hand-off evidence  from the receipts of the delivered requests: both
 //     legs carried one request id; vLLM: the prefill leg had max_tokens 1
-//     and kv_transfer_params went out and came back into the decode leg;
+//     and its hand-off went out and came back into the decode leg;
 //     SGLang: the same bootstrap triple (host, port, room) on both legs, its
 //     port the chosen prefill's bootstrap port; TensorRT-LLM: context_only
 //     on the prefill leg, generation_only carrying the context state on the
