@@ -65,6 +65,10 @@ const (
 	FaultOverloaded
 )
 
+// Demotes reports whether the fault counts toward the endpoint's demotion
+// (origin-5xx streak): an engine fault or overload, never the client's.
+func (f Fault) Demotes() bool { return f == FaultEngine || f == FaultOverloaded }
+
 func (f Fault) String() string {
 	switch f {
 	case FaultNone:
@@ -183,6 +187,10 @@ const (
 	// EventLayoutMap: tagged maps (vLLM after PR #42892).
 	EventLayoutMap = "map"
 )
+
+// PolledOverHTTP reports whether the contract's events are drained over
+// HTTP from the engine's own port; false for a nil contract.
+func (c *KVContract) PolledOverHTTP() bool { return c != nil && c.Transport == EventsHTTPPoll }
 
 // EventTransport names how an engine delivers KV events.
 type EventTransport uint8

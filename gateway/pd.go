@@ -205,19 +205,21 @@ func (s *Server) servePD(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 			r.preq.Session = v
 		}
 	}
-	var err error
-	switch rt.pd.proto.Shape() {
-	case engines.PDConcurrent:
-		err = r.serveConcurrent()
-	case engines.PDContextGeneration:
-		err = r.serveContextGeneration()
-	default:
-		err = r.serveSequential()
+	serve, ok := orchestrators[rt.pd.proto.Shape()]
+	if !ok {
+		serve = (*pdRequest).serveSequential
 	}
-	if err != nil {
+	if err := serve(r); err != nil {
 		writeError(ctx, err)
 		s.metrics.pdRequests.WithLabelValues(rt.rule.Name, "complete", pdStatus(err)).Inc()
 	}
+}
+
+// orchestrators drive a P/D pair, one per shape; none knows an engine.
+var orchestrators = map[engines.PDShape]func(*pdRequest) error{
+	engines.PDSequential:        (*pdRequest).serveSequential,
+	engines.PDConcurrent:        (*pdRequest).serveConcurrent,
+	engines.PDContextGeneration: (*pdRequest).serveContextGeneration,
 }
 
 func pdStatus(err error) string {
@@ -399,10 +401,10 @@ func (r *pdRequest) recordStatus(ep *upstream.Endpoint, status int) {
 	if b == nil {
 		return
 	}
-	switch r.pd.engine.Classify(status, nil) {
-	case engines.FaultEngine, engines.FaultOverloaded:
+	switch f := r.pd.engine.Classify(status, nil); {
+	case f.Demotes():
 		b.RecordOrigin5xx()
-	case engines.FaultClient:
+	case f == engines.FaultClient:
 		b.RecordClientError()
 	default:
 		b.RecordSuccess()

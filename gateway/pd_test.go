@@ -105,12 +105,11 @@ func TestPDHandOffPerEngine(t *testing.T) {
 				if dr[0].RemotePrefillTokens == 0 {
 					t.Errorf("decode did not receive the prefill's KV")
 				}
-				switch proto.Shape() {
-				case engines.PDConcurrent:
+				if proto.Shape() == engines.PDConcurrent {
 					if pr[0].Bootstrap == nil || dr[0].Bootstrap == nil || *pr[0].Bootstrap != *dr[0].Bootstrap {
 						t.Errorf("bootstrap triples differ: %+v vs %+v", pr[0].Bootstrap, dr[0].Bootstrap)
 					}
-				default:
+				} else {
 					pl, perr := proto.ParseHandOff(pr[0].HandOff)
 					dl, derr := proto.ParseHandOff(dr[0].HandOff)
 					if perr != nil || derr != nil || pl.Role != engines.PDLegPrefill || dl.Role != engines.PDLegDecode {
