@@ -123,12 +123,23 @@ func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint, tlsCfg *tls.Config, 
 			return c, nil
 		},
 		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     90 * time.Second,
+		IdleConnTimeout:     pdIdleConnTimeout(a.Conn()),
 		DisableCompression:  true,
 		TLSClientConfig:     tlsCfg,
 	}
 	pd.client = &http.Client{Transport: pd.transport}
 	return pd, nil
+}
+
+// pdIdleConnTimeout keeps a pooled leg connection for less than the
+// engine's own keep-alive timeout (uvicorn: 5 s), so that a leg is never
+// written to a connection the engine is closing: a POST on it is not
+// replayable and would fail. Engines that say nothing keep the 90 s default.
+func pdIdleConnTimeout(c engines.ConnPolicy) time.Duration {
+	if c.IdleTimeout <= 0 {
+		return 90 * time.Second
+	}
+	return c.IdleTimeout * 4 / 5
 }
 
 func (pd *pdRuntime) close() { pd.transport.CloseIdleConnections() }
