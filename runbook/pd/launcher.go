@@ -152,9 +152,14 @@ func (a *Attach) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill,
 	if prefill != len(a.Prefill) || decode != len(a.Decode) {
 		return nil, fmt.Errorf("pd: attach: %d prefill and %d decode workers asked for, %d and %d given", prefill, decode, len(a.Prefill), len(a.Decode))
 	}
+	// The engine's default bootstrap port (0: its P/D shape has none).
+	var defaultBoot int
+	if ad, err := engines.For(engines.Kind(spec.Engine)); err == nil && ad.PD() != nil {
+		defaultBoot = ad.PD().BootstrapPort()
+	}
 	bp := a.BootstrapPort
 	if bp == 0 {
-		bp = 8998
+		bp = defaultBoot
 	}
 	var out []Worker
 	for _, g := range []struct {
@@ -167,7 +172,7 @@ func (a *Attach) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill,
 			if isSim && spec.KVEvents && g.role == RolePrefill {
 				w.Events, w.Replay = sa.Events, sa.Replay
 			}
-			if g.role == RolePrefill && spec.Engine == string(engines.SGLang) {
+			if g.role == RolePrefill && defaultBoot != 0 {
 				if isSim && sa.Bootstrap != "" {
 					w.Bootstrap = sa.Bootstrap
 				} else if host, _, err := net.SplitHostPort(ep); err == nil {
