@@ -52,7 +52,7 @@ func pdRule(t *testing.T, name, model, engine string, prefill, decode []*sim.Sim
 	for i, s := range prefill {
 		h, p := hostPort(t, s.Addrs().HTTP)
 		line := fmt.Sprintf("  - {id: p%d, endpointIP: %s, targetPort: %d, ep_role: 1", i+1, h, p)
-		if engine == "sglang" {
+		if engines.MustFor(engines.Kind(engine)).PD().BootstrapPort() != 0 {
 			_, bp := hostPort(t, s.Addrs().Bootstrap)
 			line += fmt.Sprintf(", bootstrapPort: %d", bp)
 		}
@@ -188,7 +188,7 @@ func TestPDLegFailures(t *testing.T) {
 			ph, pp := hostPort(t, pa)
 			dh, dp := hostPort(t, da)
 			boot := ""
-			if tc.engine == engines.SGLang {
+			if engines.MustFor(tc.engine).PD().BootstrapPort() != 0 {
 				_, bp := hostPort(t, p.Addrs().Bootstrap)
 				boot = fmt.Sprintf(", bootstrapPort: %d", bp)
 			}
