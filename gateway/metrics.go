@@ -78,7 +78,7 @@ func newMetrics(s *Server) *metrics {
 		}, []string{"rule"}),
 	}
 	m.pdRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_pd_requests_total", Help: "P/D requests by phase (prefill, decode, complete) and status (success, timeout, error).",
+		Name: "llmgw_pd_requests_total", Help: "P/D requests by phase (prefill, decode, complete) and status (success, timeout, error; cancelled: a concurrent prefill ended because its decode failed).",
 	}, []string{"rule", "phase", "status"})
 	m.pdPrefillDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "llmgw_pd_prefill_duration_seconds", Help: "Duration of P/D prefill (context) legs.", Buckets: latencyBuckets,
@@ -87,7 +87,7 @@ func newMetrics(s *Server) *metrics {
 		Name: "llmgw_pd_decode_ttft_seconds", Help: "Time from sending the decode leg to its response headers.", Buckets: latencyBuckets,
 	}, []string{"rule"})
 	m.pdKVParams = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_pd_handoff_params_total", Help: "Hand-off parameters (vLLM kv_transfer_params, TRT-LLM disaggregated_params) found or missing in prefill answers.",
+		Name: "llmgw_pd_handoff_params_total", Help: "Hand-off parameters (the engine adapter's hand-off object, carried from the prefill answer to the decode) found or missing in prefill answers.",
 	}, []string{"rule", "outcome"})
 	m.pdEarlyExit = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmgw_pd_early_exit_total", Help: "TRT-LLM requests answered entirely by the context phase.",

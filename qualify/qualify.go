@@ -22,11 +22,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // Engines asks the registry at init
 	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
 	"github.com/llmgw/llmgw/runbook/converged"
 	"github.com/llmgw/llmgw/runbook/gates"
+	"github.com/llmgw/llmgw/runbook/labkit"
 	"github.com/llmgw/llmgw/runbook/launcher"
 	"github.com/llmgw/llmgw/runbook/pd"
 )
@@ -34,7 +37,9 @@ import (
 // Valid values of the matrix dimensions.
 var (
 	// Engines are the engines qualify runs; "all" selects every one.
-	Engines = []string{profiles.EngineVLLM, profiles.EngineSGLang, profiles.EngineTRTLLM}
+	// They are the engines whose adapter has both a KV event contract
+	// (mode exact) and a P/D protocol (topology pd).
+	Engines = engines.Names(func(a engines.Adapter) bool { return a.KV() != nil && a.PD() != nil })
 	// Modes are the routing modes: round robin and KV-exact.
 	Modes = []string{"rr", "exact"}
 	// Topologies are converged (one pool) and pd (prefill/decode).
@@ -106,7 +111,7 @@ type Progress interface {
 // valid values; nothing is started.
 func Plan(o *Options) ([]Case, error) {
 	if o.Catalog == nil {
-		c, err := profiles.Load()
+		c, err := labkit.LoadCatalog(nil)
 		if err != nil {
 			return nil, fmt.Errorf("qualify: %w", err)
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/kvhash"
 )
 
 func init() { engines.Register(&Adapter{}) }
@@ -96,6 +97,19 @@ func (*Adapter) Metrics() engines.MetricNames {
 	}
 }
 
+// Tokenize: POST /v1/tokenize (also /tokenize) takes TokenizeRequest
+// {model, prompt, add_special_tokens} and answers TokenizeResponse
+// {tokens, count, max_model_len} (http_server.py at 0025436e,
+// openai/protocol.py at 004c82e0; testdata/cases/tokenize.json). No chat
+// form is established, so MessagesField is empty. The add_special_tokens
+// default (true) is read from the request model, not from a capture.
+func (*Adapter) Tokenize() *engines.TokenizeShape {
+	return &engines.TokenizeShape{
+		TextField: "prompt", AddSpecialField: "add_special_tokens", AddSpecialDefault: true,
+		ModelField: "model", TokensField: "tokens",
+	}
+}
+
 // KV: ZMQ PUB (SGLang's copy of vLLM's event publisher). KVEventsConfig's
 // publisher defaults to "null" (events need --kv-events-config with
 // publisher "zmq"), endpoint tcp://*:5557, no replay socket by default
@@ -107,15 +121,13 @@ func (*Adapter) Metrics() engines.MetricNames {
 func (*Adapter) KV() *engines.KVContract {
 	return &engines.KVContract{
 		Transport: engines.EventsZMQ,
-		HashAlgo:  "sha256_sglang",
+		HashAlgo:  string(kvhash.SHA256SGLang),
+		HashAlgos: []string{string(kvhash.SHA256SGLang)},
 		BlockSize: 1,
+		Layout:    engines.EventLayoutArray,
 		ZMQPort:   5557,
 	}
 }
 
-// PD: concurrent prefill and decode joined by a bootstrap triple.
+// PD: concurrent prefill and decode joined by a bootstrap triple (pd.go).
 func (*Adapter) PD() engines.PDProtocol { return pd{} }
-
-type pd struct{}
-
-func (pd) Shape() engines.PDShape { return engines.PDConcurrent }

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/trtllm"
+	"github.com/llmgw/llmgw/engines/vllm"
 )
 
 // sseChunk is one SSE event of a stream; token chunks carry a generated
@@ -94,10 +96,10 @@ func (s *Sim) renderFull(job *genJob, out *genOutcome) []byte {
 		w.knull("matched_stop")
 	case engines.TRTLLM:
 		w.knull("stop_reason")
-		if p := job.pd.trtParamsOut; p != nil {
-			w.key("disaggregated_params").raw(p)
+		if p := job.pd.paramsOut; p != nil {
+			w.key(trtllm.Field).raw(p)
 		} else {
-			w.knull("disaggregated_params")
+			w.knull(trtllm.Field)
 		}
 		w.knull("avg_decoded_tokens_per_iter")
 	}
@@ -111,15 +113,15 @@ func (s *Sim) renderFull(job *genJob, out *genOutcome) []byte {
 		if job.api == apiChat {
 			w.knull("prompt_logprobs").knull("prompt_token_ids")
 		}
-		if p := job.pd.kvParamsOut; p != nil {
-			w.key("kv_transfer_params").raw(p)
+		if p := job.pd.paramsOut; p != nil {
+			w.key(vllm.AnswerField).raw(p)
 		} else {
-			w.knull("kv_transfer_params")
+			w.knull(vllm.AnswerField)
 		}
 	case engines.SGLang:
 		w.key("metadata").obj().kstr("weight_version", "default").end()
 	case engines.TRTLLM:
-		if job.pd.trtParamsOut != nil {
+		if job.pd.paramsOut != nil {
 			w.key("prompt_token_ids").ints(job.prompt)
 		} else {
 			w.knull("prompt_token_ids")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/kvhash"
 )
 
 func init() { engines.Register(&Adapter{}) }
@@ -94,6 +95,17 @@ func (*Adapter) Metrics() engines.MetricNames {
 	}
 }
 
+// ReportedHashAlgo is the kv_cache_hash_algo trtllm-serve reports for its
+// classic engine block key ("v1_block_key"; kvhash.TRTLLMBlockKey computes
+// it). It is TensorRT-LLM's name for its lookup handle, not an llmgw
+// algorithm: the routing keys llmgw derives from TRT's events are
+// blockhash_trtllm (KV().HashAlgo), the only name llmgw gives TRT's
+// algorithm.
+const ReportedHashAlgo = "v1_block_key"
+
+// Tokenize: trtllm-serve has no tokenize endpoint.
+func (*Adapter) Tokenize() *engines.TokenizeShape { return nil }
+
 // KV: POST /kv_cache_events drains the engine's event queue (a read removes
 // the events: one consumer; openai_server.py at 00057725). Events need
 // kv_cache_config.event_buffer_max_size > 0 (default 0,
@@ -101,20 +113,18 @@ func (*Adapter) Metrics() engines.MetricNames {
 // tokens_per_block default, 32 (tensorrt_llm/llmapi/llm_args.py; two stored
 // versions show it, the index named no commit for them). HashAlgo is
 // llmgw's name (engines/kvhash); the engine reports its own algorithm as
-// "v1_block_key".
+// "v1_block_key" (ReportedHashAlgo).
 func (*Adapter) KV() *engines.KVContract {
 	return &engines.KVContract{
 		Transport:   engines.EventsHTTPPoll,
-		HashAlgo:    "blockhash_trtllm",
+		HashAlgo:    string(kvhash.BlockHashTRTLLM),
+		HashAlgos:   []string{string(kvhash.BlockHashTRTLLM)},
 		BlockSize:   32,
 		PollPath:    "/kv_cache_events",
 		Destructive: true,
 	}
 }
 
-// PD: a context-only request, then generation with disaggregated params.
+// PD: a context-only request, then generation with disaggregated params
+// (pd.go).
 func (*Adapter) PD() engines.PDProtocol { return pd{} }
-
-type pd struct{}
-
-func (pd) Shape() engines.PDShape { return engines.PDContextGeneration }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/kvhash"
 )
 
 func init() { engines.Register(&Adapter{}) }
@@ -100,6 +101,17 @@ func (*Adapter) Metrics() engines.MetricNames {
 	}
 }
 
+// Tokenize: POST /tokenize with TokenizeCompletionRequest {model, prompt,
+// add_special_tokens (default true)} or TokenizeChatRequest {model,
+// messages, ...}; the answer is TokenizeResponse {count, max_model_len,
+// tokens, token_strs} (vllm/entrypoints/openai/protocol.py).
+func (*Adapter) Tokenize() *engines.TokenizeShape {
+	return &engines.TokenizeShape{
+		TextField: "prompt", MessagesField: "messages", AddSpecialField: "add_special_tokens", AddSpecialDefault: true,
+		ModelField: "model", TokensField: "tokens",
+	}
+}
+
 // KV: ZMQ PUB of msgpack batches. KVEventsConfig's endpoint defaults to
 // tcp://*:5557 and replay_endpoint to None, so there is no replay socket
 // unless one is configured (ReplayOffset 0; the catalog's launch specs add
@@ -114,15 +126,13 @@ func (*Adapter) Metrics() engines.MetricNames {
 func (*Adapter) KV() *engines.KVContract {
 	return &engines.KVContract{
 		Transport: engines.EventsZMQ,
-		HashAlgo:  "sha256_cbor",
+		HashAlgo:  string(kvhash.SHA256CBOR),
+		HashAlgos: []string{string(kvhash.SHA256CBOR), string(kvhash.XXHashCBOR)},
 		BlockSize: 16,
+		Layout:    engines.EventLayoutMap,
 		ZMQPort:   5557,
 	}
 }
 
-// PD: sequential, prefill then decode (NIXL kv_transfer_params).
+// PD: sequential, prefill then decode (pd.go).
 func (*Adapter) PD() engines.PDProtocol { return pd{} }
-
-type pd struct{}
-
-func (pd) Shape() engines.PDShape { return engines.PDSequential }

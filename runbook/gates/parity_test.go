@@ -156,7 +156,10 @@ func TestHashParityGate(t *testing.T) {
 			if tc.pd {
 				r.Sel, r.KVExactMode, r.PDDisaggMode, role = 0, 1, true, 1
 			}
-			cfg := sim.Config{Engine: tc.engine, Model: "m", HashSeed: seed, KVEvents: sim.KVEventsOff}
+			// The engine's block size, as the rule says it (16 unless set):
+			// SGLang's own default page size is 1, and the catalog launches
+			// it with --page-size 16.
+			cfg := sim.Config{Engine: tc.engine, Model: "m", HashSeed: seed, KVEvents: sim.KVEventsOff, BlockSize: max(r.KVBlockSize, 16)}
 			if zmq {
 				cfg.KVEvents = "tcp://127.0.0.1:0"
 			}

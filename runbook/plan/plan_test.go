@@ -408,7 +408,7 @@ func TestDeclaredRoles(t *testing.T) {
 func TestSGLangConverged(t *testing.T) {
 	var targets []Target
 	for i := 0; i < 2; i++ {
-		s := startSim(t, sim.Config{Engine: engines.SGLang})
+		s := startSim(t, sim.Config{Engine: engines.SGLang, BlockSize: 16}) // the catalog launches SGLang with --page-size 16 (its default is 1)
 		warm(t, s, "Qwen/Qwen3-0.6B")
 		targets = append(targets, Target{Addr: s.Addrs().HTTP})
 	}
