@@ -102,6 +102,9 @@ type Options struct {
 	GatewayAdmin string
 	// GatewayToken is the external gateway's admin bearer token.
 	GatewayToken string
+	// GatewayTokenFile is the file GatewayToken was read from; its path
+	// (never the token) goes into the ownership ledger for `llmgw cleanup`.
+	GatewayTokenFile string
 	// HealthTimeout bounds the wait for workers to be healthy; 0 means 60 s.
 	HealthTimeout time.Duration
 	// ReadyTimeout bounds waits for gateway-side conditions (readiness,

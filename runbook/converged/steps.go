@@ -262,7 +262,7 @@ func (s *state) apply(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
 	s.ruleName = "rb-" + labkit.ShortID(r.ID)
 	a, out, ok := labkit.Apply(ctx, r, labkit.ApplyOptions{
-		AdminURL: o.GatewayAdmin, Token: o.GatewayToken, DirPattern: "llmgw-runbook-gw-", Logger: o.Logger, Client: s.client,
+		AdminURL: o.GatewayAdmin, Token: o.GatewayToken, TokenFile: o.GatewayTokenFile, DirPattern: "llmgw-runbook-gw-", Logger: o.Logger, Client: s.client,
 		Name: s.ruleName, Build: s.buildRule, Hook: o.RuleHook, MarkEmbedded: true,
 	})
 	s.gw, s.admin, s.applied = a.Gateway, a.Admin, a.Rule

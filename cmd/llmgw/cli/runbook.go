@@ -189,6 +189,7 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 	if co.GatewayToken, err = labGatewayToken(o.Gateway, o.GatewayTokenFile); err != nil {
 		return nil, err
 	}
+	co.GatewayTokenFile = o.GatewayTokenFile
 	if err := labValidated(co.Validate(), converged.ErrInvalid); err != nil {
 		return nil, err
 	}
