@@ -34,6 +34,8 @@ type SimOptions struct {
 	BootstrapListen   string
 	RendezvousTimeout time.Duration
 	LoadingFor        time.Duration
+	IdleTimeout       time.Duration
+	NagleStall        bool
 }
 
 func newSimCmd(io *IOStreams) *cobra.Command {
@@ -97,6 +99,8 @@ Control endpoints on the HTTP address:
 	f.StringVar(&opts.BootstrapListen, "bootstrap-listen", "127.0.0.1:0", "SGLang prefill bootstrap server address")
 	f.DurationVar(&opts.RendezvousTimeout, "rendezvous-timeout", 20*time.Second, "how long a SGLang P/D leg waits for its peer")
 	f.DurationVar(&opts.LoadingFor, "loading-for", 0, `llama.cpp only: answer "Loading model" (503) for this long after start`)
+	f.DurationVar(&opts.IdleTimeout, "idle-timeout", 0, "llama.cpp only: close idle keep-alive connections after this long (0 = the engine's 5s)")
+	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "llama.cpp only: on a reused connection send a non-streamed answer's body 44ms after its head, as llama-server does")
 	return cmd
 }
 
@@ -137,6 +141,8 @@ func simConfig(opts *SimOptions) (sim.Config, error) {
 		BootstrapListen:   opts.BootstrapListen,
 		RendezvousTimeout: opts.RendezvousTimeout,
 		LoadingFor:        opts.LoadingFor,
+		IdleTimeout:       opts.IdleTimeout,
+		NagleStall:        opts.NagleStall,
 	}, nil
 }
 
