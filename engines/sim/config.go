@@ -100,6 +100,17 @@ type Config struct {
 	// (health 503, inference refused) for this long after Start; 0 = ready
 	// at once. Other engines are not listening until loaded, so they ignore it.
 	LoadingFor time.Duration
+	// IdleTimeout is how long a llama.cpp persona keeps an idle keep-alive
+	// connection (and one that never sent a request) before closing it;
+	// 0 means the engine's own (llamacpp.IdleTimeout, 5 s). Tests shorten
+	// it. Other personas ignore it.
+	IdleTimeout time.Duration
+	// NagleStall makes a llama.cpp persona reproduce llama-server's stall on
+	// reused connections: a non-streamed answer on a connection's second or
+	// later request has its head written at once and its body
+	// llamacpp.ReusedConnStall (44 ms) later. Off by default; other
+	// personas ignore it.
+	NagleStall bool
 	// Clock returns the current time for "created" fields and event
 	// timestamps; nil means time.Now. Tests pin it for golden bytes.
 	Clock func() time.Time
@@ -194,6 +205,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.PrefillPerToken < 0 || c.DecodePerToken < 0 {
 		return c, fmt.Errorf("%w: per-token costs must not be negative", ErrConfig)
+	}
+	if c.IdleTimeout < 0 || c.LoadingFor < 0 {
+		return c, fmt.Errorf("%w: idle timeout and loading time must not be negative", ErrConfig)
 	}
 	if c.MaxConcurrency < 0 {
 		return c, fmt.Errorf("%w: max concurrency %d is negative", ErrConfig, c.MaxConcurrency)

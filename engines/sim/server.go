@@ -31,6 +31,7 @@ func (s *Sim) handle(ctx *fasthttp.RequestCtx) {
 		s.routeTRT(ctx, path)
 	case engines.LlamaCpp:
 		s.routeLlama(ctx, path)
+		s.llama.finish(ctx)
 	}
 }
 

@@ -76,7 +76,8 @@ type Sim struct {
 	running atomic.Int64
 	waiting atomic.Int64
 	reqSeq  atomic.Uint64
-	ready   time.Time // llama.cpp answers "Loading model" before this
+	ready   time.Time       // llama.cpp answers "Loading model" before this
+	llama   *llamaTransport // llama.cpp's connection behaviour; nil for other personas
 
 	metrics  metrics
 	faults   faultState
@@ -127,6 +128,10 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 		s.cancel()
 		return nil, fmt.Errorf("sim: listen %s: %w", cfg.Listen, err)
 	}
+	if cfg.Engine == engines.LlamaCpp {
+		s.llama = newLlamaTransport(s.ctx, cfg)
+		s.ln = s.llama.listener(s.ln)
+	}
 	s.addrs.HTTP = s.ln.Addr().String()
 	s.engineID = fmt.Sprintf("%s-sim-%s", cfg.Engine, portOf(s.addrs.HTTP))
 	s.ready = cfg.Clock().Add(cfg.LoadingFor)
@@ -146,6 +151,9 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 		// fasthttp's idle-worker cleaner checks for shutdown only between
 		// sleeps of this length; keep it short so Close is prompt.
 		MaxIdleWorkerDuration: idleWorkerCheck,
+	}
+	if s.llama != nil {
+		s.llama.configure(s.srv)
 	}
 	s.wg.Add(2)
 	go func() {

@@ -35,6 +35,8 @@ type SimOptions struct {
 	BootstrapListen   string
 	RendezvousTimeout time.Duration
 	LoadingFor        time.Duration
+	IdleTimeout       time.Duration
+	NagleStall        bool
 }
 
 func newSimCmd(io *IOStreams) *cobra.Command {
@@ -99,6 +101,8 @@ Control endpoints on the HTTP address (none with --receipts=false):
 	f.DurationVar(&opts.RendezvousTimeout, "rendezvous-timeout", 20*time.Second, "how long a SGLang P/D leg waits for its peer")
 	f.BoolVar(&opts.Receipts, "receipts", true, "serve the /_sim/* control endpoints (receipts, faults, addresses); false makes the simulator as silent as a real engine")
 	f.DurationVar(&opts.LoadingFor, "loading-for", 0, `llama.cpp only: answer "Loading model" (503) for this long after start`)
+	f.DurationVar(&opts.IdleTimeout, "idle-timeout", 0, "llama.cpp only: close idle keep-alive connections after this long (0 = the engine's 5s)")
+	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "llama.cpp only: on a reused connection send a non-streamed answer's body 44ms after its head, as llama-server does")
 	return cmd
 }
 
@@ -140,6 +144,8 @@ func simConfig(opts *SimOptions) (sim.Config, error) {
 		BootstrapListen:   opts.BootstrapListen,
 		RendezvousTimeout: opts.RendezvousTimeout,
 		LoadingFor:        opts.LoadingFor,
+		IdleTimeout:       opts.IdleTimeout,
+		NagleStall:        opts.NagleStall,
 	}, nil
 }
 
