@@ -93,7 +93,7 @@ func cells(r RunSummary) []string {
 	if reason == "" {
 		reason = "-"
 	}
-	c := []string{r.ID, r.Tuple.Engine, dash(r.Tuple.EngineVersion), r.Tuple.Profile, r.Tuple.Topology, r.Tuple.Mode,
+	c := []string{r.ID, r.Tuple.Engine, versionCell(r.Tuple), r.Tuple.Profile, r.Tuple.Topology, r.Tuple.Mode,
 		r.Tuple.Launcher, workersKind(r.Tuple), string(r.Verdict.Norm()), reason}
 	for _, s := range r.Lanes.List() {
 		c = append(c, string(s))
@@ -103,6 +103,15 @@ func cells(r RunSummary) []string {
 		c[i] = oneLine(c[i])
 	}
 	return c
+}
+
+// versionCell is the catalog's engine version, and when the workers
+// reported another one, both: "b7800≠b0-unknown" (catalog ≠ workers).
+func versionCell(t Tuple) string {
+	if t.VersionMismatch && t.WorkerEngineVersion != "" {
+		return dash(t.EngineVersion) + "≠" + t.WorkerEngineVersion
+	}
+	return dash(t.EngineVersion)
 }
 
 func dash(s string) string {
@@ -327,6 +336,9 @@ func WriteJUnit(w io.Writer, rows []RunSummary) error {
 				{Name: "artifact_id", Value: r.ArtifactID},
 			},
 		}
+		if v := r.Tuple.WorkerEngineVersion; v != "" {
+			tc.Properties = append(tc.Properties, junitProperty{Name: "engine_version_reported", Value: v})
+		}
 		for i, s := range r.Lanes.List() {
 			tc.Properties = append(tc.Properties, junitProperty{Name: "lane." + LaneNames[i], Value: string(s)})
 		}
@@ -371,13 +383,30 @@ func WriteRunDetail(w io.Writer, r *Run, tty bool) error {
 	if t.Workers > 0 {
 		fmt.Fprintf(&b, " (%d)", t.Workers)
 	}
+	if t.WorkerEngineVersion != "" {
+		note := "as the catalog"
+		if t.VersionMismatch {
+			note = "MISMATCH with the catalog's " + dash(t.EngineVersion)
+		}
+		fmt.Fprintf(&b, "\nreported\t%s %s (%s)", t.Engine, oneLine(t.WorkerEngineVersion), note)
+	}
 	fmt.Fprintf(&b, "\nstarted\t%s\nended\t%s\nartifact\t%s\n", r.Started.UTC().Format(time.RFC3339), r.Ended.UTC().Format(time.RFC3339), dash(r.ArtifactID))
 	lanes := r.Lanes.List()
 	parts := make([]string, len(lanes))
 	for i, s := range lanes {
 		parts[i] = LaneNames[i] + "=" + string(s)
 	}
-	fmt.Fprintf(&b, "lanes\t%s\n\n", strings.Join(parts, " "))
+	fmt.Fprintf(&b, "lanes\t%s\n", strings.Join(parts, " "))
+	if len(r.LaneSources) > 0 {
+		var src []string
+		for _, n := range LaneNames {
+			if v, ok := r.LaneSources[n]; ok {
+				src = append(src, n+"="+oneLine(v))
+			}
+		}
+		fmt.Fprintf(&b, "sources\t%s\n", strings.Join(src, " "))
+	}
+	b.WriteString("\n")
 
 	headers := []string{"STEP", "STATUS", "CODE", "DURATION", "REASON", "EVIDENCE"}
 	data := make([][]string, len(r.Steps))

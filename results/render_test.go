@@ -257,3 +257,36 @@ func TestParseFormat(t *testing.T) {
 		})
 	}
 }
+
+// TestVersionMismatchOnTheRow: the workers' reported version stands beside
+// the catalog's on the row and in the detail, and lane sources are listed.
+func TestVersionMismatchOnTheRow(t *testing.T) {
+	cases := []struct {
+		name     string
+		tuple    Tuple
+		wantCell string
+	}{
+		{"mismatch", Tuple{EngineVersion: "b7800", WorkerEngineVersion: "b0-unknown", VersionMismatch: true}, "b7800≠b0-unknown"},
+		{"same", Tuple{EngineVersion: "0.31.0", WorkerEngineVersion: "0.31.0"}, "0.31.0"},
+		{"not read", Tuple{EngineVersion: "0.31.0"}, "0.31.0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := versionCell(tc.tuple); got != tc.wantCell {
+				t.Errorf("versionCell = %q; want %q", got, tc.wantCell)
+			}
+		})
+	}
+	r := &Run{ID: "r1", Tuple: Tuple{Engine: "llamacpp", EngineVersion: "b7800", WorkerEngineVersion: "b0-unknown", VersionMismatch: true,
+		Profile: "p", Topology: "converged", Mode: "rr", Launcher: LauncherAttach},
+		LaneSources: map[string]string{"delivery": "engine_metrics llamacpp:prompt_tokens_total", "direct": "worker_answer"}}
+	var b strings.Builder
+	if err := WriteRunDetail(&b, r, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"reported\tllamacpp b0-unknown (MISMATCH with the catalog's b7800)", "sources\tdirect=worker_answer delivery=engine_metrics llamacpp:prompt_tokens_total"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("detail lacks %q:\n%s", want, b.String())
+		}
+	}
+}

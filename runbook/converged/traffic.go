@@ -44,7 +44,9 @@ func (s *state) evidenceSource(decisions bool) string {
 func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneGatewayDelivery)
 	if b, blocked := s.wit.Blocked(); blocked {
-		return b.For(runbook.LaneGatewayDelivery).From(runbook.LaneGatewayDelivery, "none")
+		// Routing needs the same evidence: its lane says so too, not only
+		// "blocked by" this step.
+		return b.For(runbook.LaneGatewayDelivery, runbook.LaneRoutingEvidence).From(runbook.LaneGatewayDelivery, "none").From(runbook.LaneRoutingEvidence, "none")
 	}
 	receipts := s.wit.Receipts()
 	var lines []string
