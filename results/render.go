@@ -272,9 +272,10 @@ func WriteJSON(w io.Writer, rows []RunSummary) error {
 	return enc.Encode(doc)
 }
 
-// JUnit XML: one testsuite, one testcase per run. FAIL is a <failure>;
-// BLOCKED, SKIPPED and NOT_RUN are <skipped> with the status and reason
-// code in the message, so a CI never shows them as passed.
+// JUnit XML: one testsuite, one testcase per run. FAIL is a <failure>,
+// NOT_RUN an <error>, BLOCKED and SKIPPED are <skipped>, each with the
+// status and reason code in the message, so a CI never shows them as
+// passed (see WriteJUnit).
 type junitSuites struct {
 	XMLName  xml.Name     `xml:"testsuites"`
 	Name     string       `xml:"name,attr"`
@@ -306,6 +307,7 @@ type junitCase struct {
 	Time       string          `xml:"time,attr"`
 	Properties []junitProperty `xml:"properties>property,omitempty"`
 	Failure    *junitResult    `xml:"failure,omitempty"`
+	Error      *junitResult    `xml:"error,omitempty"`
 	Skipped    *junitResult    `xml:"skipped,omitempty"`
 	SystemOut  string          `xml:"system-out,omitempty"`
 }
@@ -316,10 +318,14 @@ type junitResult struct {
 	Body    string `xml:",chardata"`
 }
 
-// WriteJUnit writes the rows as JUnit XML.
+// WriteJUnit writes the rows as JUnit XML. FAIL is a failure. NOT_RUN (a
+// case an interruption never reached, or a run that stopped part-way) is
+// an error: nothing was qualified, and a CI job reading the file must not
+// go green on it. BLOCKED and SKIPPED are skipped: the tuple is known not
+// to run here (catalog or host), which is a result, not a gap.
 func WriteJUnit(w io.Writer, rows []RunSummary) error {
 	c := Tally(rows)
-	suite := junitSuite{Name: "llmgw qualification", Tests: c.Total, Failures: c.Fail, Skipped: c.Total - c.Pass - c.Fail}
+	suite := junitSuite{Name: "llmgw qualification", Tests: c.Total, Failures: c.Fail, Errors: c.NotRun, Skipped: c.Blocked + c.Skipped}
 	if anySimulated(rows) {
 		suite.Properties = []junitProperty{{Name: "note", Value: SimulatedNote}}
 	}
@@ -350,6 +356,8 @@ func WriteJUnit(w io.Writer, rows []RunSummary) error {
 		case StatusPass:
 		case StatusFail:
 			tc.Failure = &junitResult{Message: msg, Type: r.ReasonCode, Body: r.Reason}
+		case StatusNotRun:
+			tc.Error = &junitResult{Message: msg, Type: r.ReasonCode, Body: r.Reason}
 		default:
 			tc.Skipped = &junitResult{Message: msg, Body: r.Reason}
 		}
@@ -358,7 +366,7 @@ func WriteJUnit(w io.Writer, rows []RunSummary) error {
 		}
 		suite.Cases = append(suite.Cases, tc)
 	}
-	doc := junitSuites{Name: "llmgw", Tests: suite.Tests, Failures: suite.Failures, Skipped: suite.Skipped, Suites: []junitSuite{suite}}
+	doc := junitSuites{Name: "llmgw", Tests: suite.Tests, Failures: suite.Failures, Errors: suite.Errors, Skipped: suite.Skipped, Suites: []junitSuite{suite}}
 	if _, err := io.WriteString(w, xml.Header); err != nil {
 		return err
 	}
