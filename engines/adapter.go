@@ -1,6 +1,9 @@
 package engines
 
-import "time"
+import (
+	"errors"
+	"time"
+)
 
 // Adapter is one engine's wire contract, written once and read by the
 // gateway, the simulator, the lab and the planner alike. Each engine's
@@ -126,8 +129,12 @@ type KVContract struct {
 	// Transport is how events are delivered.
 	Transport EventTransport
 	// HashAlgo is the default block-hash algorithm name (one name per
-	// algorithm; engines/kvhash parses it).
+	// algorithm; engines/kvhash parses it). This is the only engine→hash
+	// default table: rules, profiles and the simulator ask it.
 	HashAlgo string
+	// HashAlgos are all the algorithms the engine can be configured with,
+	// HashAlgo first.
+	HashAlgos []string
 	// BlockSize is the engine's default KV block (page) size in tokens.
 	BlockSize int
 	// ZMQPort is the default event publisher port (ZMQ transports).
@@ -178,9 +185,146 @@ func (s PDShape) String() string {
 	return "none"
 }
 
-// PDProtocol is an engine's prefill/decode hand-off. The gateway's P/D
-// orchestrators (one per Shape) drive it; the simulator and the P/D
-// runbook parse the same fields through it.
+// PDProtocol is an engine's prefill/decode hand-off: every body rewrite the
+// gateway does for a P/D pair and every hand-off field, written once. The
+// gateway's P/D orchestrators (one per Shape) drive it without knowing the
+// engine; the simulator and the P/D runbook read the same fields through
+// ParseLeg.
 type PDProtocol interface {
 	Shape() PDShape
+
+	// LegRequestID is the X-Request-Id both legs carry: the client's id
+	// (p.RequestID), or a rendezvous id the engine derives the peer from
+	// (vLLM P2P-NCCL, when the pair has KV-transfer ports).
+	LegRequestID(p *PDPair) string
+	// PrefillBody rewrites the client's JSON body for the prefill (context)
+	// leg. An error wraps ErrPDBody (the client's body is not a JSON object).
+	PrefillBody(body []byte, p *PDPair) ([]byte, error)
+	// HandOff reads the prefill leg's 2xx answer. It never fails: an answer
+	// without usable hand-off fields is a HandOff with Missing set, and the
+	// decode then recomputes the prompt.
+	HandOff(answer []byte, p *PDPair) HandOff
+	// DecodeBody rewrites the client's body for the decode (generation)
+	// leg, carrying h's parameters (none when h.Params is nil). For the
+	// concurrent shape h is the zero HandOff.
+	DecodeBody(body []byte, p *PDPair, h HandOff) ([]byte, error)
+
+	// ParseLeg reads the P/D fields of one leg's request body, as the
+	// engine would: the simulator's persona and the P/D runbook's checks
+	// use it. A body without P/D fields is the zero PDLeg and no error; a
+	// malformed field is an error wrapping ErrPDBody, naming the field.
+	ParseLeg(body []byte) (PDLeg, error)
+	// ParseLegAnswer reads the hand-off a prefill (context) leg's answer
+	// carried, in the engine's own field (nil when none).
+	ParseLegAnswer(answer []byte) []byte
+
+	// BootstrapPort is the engine's default KV bootstrap port for the
+	// rendezvous shape (SGLang 8998); 0 when the engine has none, and then
+	// a rule may not name one.
+	BootstrapPort() int
+	// KVPorts reports whether the engine's hand-off can use per-endpoint
+	// KV-transfer ports (vLLM P2P-NCCL, rule field nixl_port).
+	KVPorts() bool
+}
+
+// ErrPDBody: a P/D body or field is malformed (the client's fault).
+var ErrPDBody = errors.New("engines: malformed P/D body")
+
+// PDPair is one prefill/decode pair as the orchestrator chose it.
+type PDPair struct {
+	// RequestID is the client's request id (X-Request-Id).
+	RequestID string
+	// PrefillHost and DecodeHost are the endpoints' hosts (IP literal or
+	// name, never bracketed); the ports are their HTTP ports.
+	PrefillHost, DecodeHost string
+	PrefillPort, DecodePort int
+	// BootstrapPort is the prefill's KV bootstrap port (SGLang); 0: the
+	// engine's default.
+	BootstrapPort int
+	// PrefillKVPort and DecodeKVPort are the endpoints' KV-transfer ports
+	// (vLLM P2P-NCCL); 0 when the rule names none.
+	PrefillKVPort, DecodeKVPort int
+	// Nonce is a fresh random value for this pair, below 2^63 (SGLang's
+	// bootstrap room, TensorRT-LLM's disagg_request_id, the P2P-NCCL id's
+	// tail).
+	Nonce uint64
+}
+
+// HandOff is what a prefill answer hands the decode leg.
+type HandOff struct {
+	// Params is the engine-native hand-off object (JSON), nil when the
+	// answer carries none.
+	Params []byte
+	// Missing says why Params is nil: a short route token
+	// ("kv-params-missing", "context-unparsable", ...).
+	Missing string
+	// OutOfBand: the KV moves between the engines without the gateway
+	// (vLLM P2P-NCCL, keyed by the legs' request id); nothing is carried
+	// and nothing is missing.
+	OutOfBand bool
+	// Final, when non-nil, is the whole answer: the prefill finished the
+	// request (TensorRT-LLM's early exit); the hand-off fields are removed
+	// and the decode leg is not sent.
+	Final []byte
+}
+
+// PDLegRole is what a leg's P/D fields ask of the engine.
+type PDLegRole uint8
+
+const (
+	// PDLegNone: no P/D fields.
+	PDLegNone PDLegRole = iota
+	// PDLegPrefill: compute the prompt and hand its KV off (vLLM
+	// do_remote_decode, TensorRT-LLM context_only).
+	PDLegPrefill
+	// PDLegDecode: take the prompt's KV from a prefill (vLLM
+	// do_remote_prefill, TensorRT-LLM generation_only).
+	PDLegDecode
+	// PDLegRendezvous: prefill and decode meet at a bootstrap room
+	// (SGLang); which side a server is depends on its own role.
+	PDLegRendezvous
+)
+
+func (r PDLegRole) String() string {
+	switch r {
+	case PDLegPrefill:
+		return "prefill"
+	case PDLegDecode:
+		return "decode"
+	case PDLegRendezvous:
+		return "rendezvous"
+	}
+	return "none"
+}
+
+// PDLeg is one leg's P/D fields, engine-neutral.
+type PDLeg struct {
+	Role PDLegRole
+	// Raw is the engine's hand-off object exactly as sent (receipts), nil
+	// for the rendezvous shape (its fields are top-level).
+	Raw []byte
+	// RemoteBlocks is how many KV blocks a decode leg is told to pull
+	// (vLLM remote_block_ids; the first group for hybrid models); -1 when
+	// the engine does not say.
+	RemoteBlocks int
+	// RemoteTokens is how many prompt tokens the hand-off covers, when the
+	// engine says (vLLM remote_num_tokens); -1 otherwise.
+	RemoteTokens int
+	// Opaque is the prefill's opaque state a decode leg carries
+	// (TensorRT-LLM encoded_opaque_state, base64-decoded); nil otherwise.
+	Opaque []byte
+	// HasOpaque: the field was present (it may decode to nothing).
+	HasOpaque bool
+	// RequestRef is the correlation id the hand-off carries (TensorRT-LLM
+	// disagg_request_id); nil when absent.
+	RequestRef *int64
+	// Rendezvous is the bootstrap triple (SGLang), nil otherwise.
+	Rendezvous *Rendezvous
+}
+
+// Rendezvous is SGLang's bootstrap triple.
+type Rendezvous struct {
+	Host string `json:"host"`
+	Port int64  `json:"port"`
+	Room uint64 `json:"room"`
 }

@@ -12,7 +12,10 @@ type Decision struct {
 	Rule      string    `json:"rule"`
 	Endpoint  string    `json:"endpoint"`
 	Reason    string    `json:"reason"`
-	Spill     int       `json:"spill,omitempty"`
+	// Leg is the P/D leg ("prefill", "decode") the decision chose an
+	// endpoint for; empty on single-pool rules.
+	Leg   string `json:"leg,omitempty"`
+	Spill int    `json:"spill,omitempty"`
 	// MatchedBlocks and TotalBlocks are the KV-exact match of the chosen
 	// endpoint and the prompt's full blocks (KV-exact rules only).
 	MatchedBlocks *int `json:"matched_blocks,omitempty"`
@@ -32,6 +35,7 @@ type decisionSlot struct {
 	rule     string
 	endpoint string
 	reason   string
+	leg      string
 	spill    int
 	kv       bool
 	matched  int
@@ -44,11 +48,16 @@ func newDecisionLog(n int) *decisionLog { return &decisionLog{ring: make([]decis
 
 // add records one decision; kv is nil for non-KV rules.
 func (l *decisionLog) add(rule, endpoint, reason string, id []byte, spill int, kv *kvChoice, epChosen string) {
+	l.addLeg(rule, "", endpoint, reason, id, spill, kv, epChosen)
+}
+
+// addLeg records one decision of a P/D leg (leg "prefill" or "decode").
+func (l *decisionLog) addLeg(rule, leg, endpoint, reason string, id []byte, spill int, kv *kvChoice, epChosen string) {
 	now := time.Now().UnixNano()
 	l.mu.Lock()
 	sl := &l.ring[l.next%uint64(len(l.ring))]
 	l.next++
-	sl.at, sl.rule, sl.endpoint, sl.reason, sl.spill = now, rule, endpoint, reason, spill
+	sl.at, sl.rule, sl.endpoint, sl.reason, sl.leg, sl.spill = now, rule, endpoint, reason, leg, spill
 	sl.kv = kv != nil
 	if kv != nil {
 		sl.matched, sl.total = 0, kv.total
@@ -80,7 +89,7 @@ func (l *decisionLog) list(rule string, since time.Time) []Decision {
 		if !since.IsZero() && t.Before(since) {
 			continue
 		}
-		d := Decision{Time: t, RequestID: string(sl.id[:sl.idLen]), Rule: sl.rule, Endpoint: sl.endpoint, Reason: sl.reason, Spill: sl.spill}
+		d := Decision{Time: t, RequestID: string(sl.id[:sl.idLen]), Rule: sl.rule, Endpoint: sl.endpoint, Reason: sl.reason, Leg: sl.leg, Spill: sl.spill}
 		if sl.kv {
 			m, tot := sl.matched, sl.total
 			d.MatchedBlocks, d.TotalBlocks = &m, &tot

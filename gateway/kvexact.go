@@ -15,6 +15,7 @@ import (
 
 	"github.com/valyala/fastjson"
 
+	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/gateway/kvindex"
 	"github.com/llmgw/llmgw/gateway/openai"
@@ -106,16 +107,26 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 	}, client); err != nil {
 		return nil, fmt.Errorf("kvTokenizer %q: %w", eff.KVTokenizer, err)
 	}
+	a, err := engines.For(engines.Kind(eff.KVEngineType))
+	if err != nil {
+		return nil, err
+	}
+	kvc := a.KV()
+	if kvc == nil {
+		return nil, fmt.Errorf("gateway: %s publishes no KV events; kvExactMode needs them", a.Display())
+	}
 	kv.index = kvindex.New(len(kv.pool), s.cfg.KVMaxBlocks)
 	kv.canary = make([]atomic.Bool, len(kv.pool))
 	for i, ep := range kv.pool {
-		cfg := kvindex.IngestConfig{Engine: eff.KVEngineType, Endpoint: i, BlockSize: eff.KVBlockSize, Logger: s.log.With("rule", eff.Name, "endpoint", ep.ID)}
+		cfg := kvindex.IngestConfig{Engine: engines.Kind(eff.KVEngineType), Endpoint: i, BlockSize: eff.KVBlockSize, Logger: s.log.With("rule", eff.Name, "endpoint", ep.ID)}
 		spec := specOf(eff, ep.ID)
-		switch eff.KVEngineType {
-		case "trtllm":
+		switch kvc.Transport {
+		case engines.EventsHTTPPoll:
+			// Events are drained over HTTP from the endpoint itself and
+			// carry token ids, not routing keys: the gateway hashes them.
 			cfg.HTTPBase = scheme + "://" + ep.Addr
 			cfg.HTTPClient = client
-			h, err := kvhash.New(kvhash.BlockHashTRTLLM, eff.KVBlockSize, "")
+			h, err := kvhash.New(kvhash.Algo(kvc.HashAlgo), eff.KVBlockSize, "")
 			if err != nil {
 				return nil, err
 			}

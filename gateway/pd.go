@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 
+	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/gateway/openai"
 	"github.com/llmgw/llmgw/gateway/policy"
 	"github.com/llmgw/llmgw/gateway/rule"
@@ -53,11 +54,17 @@ const pdMaxLegResponse = 8 << 20
 
 // pdRuntime is the prefill/decode part of a rule runtime.
 type pdRuntime struct {
-	engine    string
-	bootPort  int
+	engine   engines.Adapter
+	proto    engines.PDProtocol
+	label    string // route prefix: "pd-" + the engine kind
+	bootPort int    // the rule's pdBootstrapPort (rendezvous shape)
+	// kvPort is each endpoint's KV-transfer port (nixl_port), by endpoint
+	// id; absent when the rule names none.
+	kvPort    map[string]int
+	bootOf    map[string]int // per-prefill bootstrapPort, by endpoint id
 	prefill   []*upstream.Endpoint
 	decode    []*upstream.Endpoint
-	pickP     policy.Picker // least in-flight (after the session pin and KV-exact)
+	pickP     policy.Picker // the rule's sel (after the session pin and KV-exact)
 	pickD     policy.Picker // least in-flight
 	pins      *pinTable     // session → prefill endpoint
 	client    *http.Client
@@ -66,7 +73,23 @@ type pdRuntime struct {
 }
 
 func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint, tlsCfg *tls.Config, scheme string) (*pdRuntime, error) {
-	pd := &pdRuntime{engine: eff.KVEngineType, bootPort: eff.PDBootstrapPort, scheme: scheme}
+	a, err := engines.For(engines.Kind(eff.KVEngineType))
+	if err != nil {
+		return nil, err
+	}
+	if a.PD() == nil {
+		return nil, fmt.Errorf("gateway: %s has no prefill/decode protocol", a.Display())
+	}
+	pd := &pdRuntime{engine: a, proto: a.PD(), label: "pd-" + string(a.Kind()), bootPort: eff.PDBootstrapPort, scheme: scheme,
+		kvPort: map[string]int{}, bootOf: map[string]int{}}
+	for _, e := range eff.Endpoints {
+		if e.NixlPort != 0 {
+			pd.kvPort[e.ID] = e.NixlPort
+		}
+		if e.BootstrapPort != 0 {
+			pd.bootOf[e.ID] = e.BootstrapPort
+		}
+	}
 	for _, ep := range eps {
 		switch ep.Role {
 		case upstream.RolePrefill:
@@ -75,9 +98,15 @@ func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint, tlsCfg *tls.Config, 
 			pd.decode = append(pd.decode, ep)
 		}
 	}
-	var err error
 	pd.pins = newPinTable(eff.SessionTTL.Std(), 100_000)
-	if pd.pickP, err = policy.New(policy.Config{Sel: 4}, pd.prefill); err != nil {
+	// The prefill pick honours the rule's sel (the decode holds no prompt
+	// state worth an affinity, so it is always least in-flight).
+	if pd.pickP, err = policy.New(policy.Config{
+		Sel:        eff.Sel,
+		LoadFactor: eff.CHWBL.LoadFactor,
+		Replicas:   eff.CHWBL.Replicas,
+		SessionTTL: eff.SessionTTL.Std(),
+	}, pd.prefill); err != nil {
 		return nil, err
 	}
 	if pd.pickD, err = policy.New(policy.Config{Sel: 4}, pd.decode); err != nil {
@@ -142,6 +171,9 @@ type pdRequest struct {
 	kvc  kvChoice
 	// prefillHow says how the prefill endpoint was chosen, for X-Llmgw-Route.
 	prefillHow string
+	// legID is the X-Request-Id the legs of the current pair carry (the
+	// adapter's LegRequestID).
+	legID string
 }
 
 // servePD serves a completion on a P/D rule with the engine's hand-off.
@@ -164,7 +196,8 @@ func (s *Server) servePD(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 	}
 	r.hdr.Set("Content-Type", "application/json")
 	r.hdr.Set("X-Request-Id", id)
-	r.preq = policy.Request{Session: st.preq.Session}
+	r.preq = st.preq
+	r.preq.Exclude = nil
 	if len(r.preq.Session) == 0 {
 		if v := ctx.Request.Header.PeekBytes(hdrConversationID); len(v) > 0 {
 			r.preq.Session = v
@@ -173,13 +206,13 @@ func (s *Server) servePD(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		}
 	}
 	var err error
-	switch rt.pd.engine {
-	case "sglang":
-		err = r.serveSGLang()
-	case "trtllm":
-		err = r.serveTRT()
+	switch rt.pd.proto.Shape() {
+	case engines.PDConcurrent:
+		err = r.serveConcurrent()
+	case engines.PDContextGeneration:
+		err = r.serveContextGeneration()
 	default:
-		err = r.serveVLLM()
+		err = r.serveSequential()
 	}
 	if err != nil {
 		writeError(ctx, err)
@@ -200,7 +233,8 @@ func pdStatus(err error) string {
 // pick chooses a prefill (excluding exP) and a decode endpoint. The
 // prefill: the session's pinned endpoint while it is available, else the
 // KV-exact choice (kvExactMode 1 scores prefill endpoints only), else the
-// least in-flight one. The decode: the least in-flight one.
+// rule's sel over the available prefills. The decode: the least in-flight
+// one. Both legs' choices are recorded in /v1/decisions.
 func (r *pdRequest) pick(exP *upstream.Endpoint) (*upstream.Endpoint, *upstream.Endpoint, error) {
 	var P *upstream.Endpoint
 	how := ""
@@ -219,7 +253,9 @@ func (r *pdRequest) pick(exP *upstream.Endpoint) (*upstream.Endpoint, *upstream.
 		}
 	}
 	if P == nil {
-		d, err := r.pd.pickP.Pick(&policy.Request{Exclude: exP})
+		preq := r.preq
+		preq.Exclude = exP
+		d, err := r.pd.pickP.Pick(&preq)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: rule %q has no available prefill endpoint", ErrPDPoolUnavailable, r.rt.rule.Name)
 		}
@@ -235,9 +271,34 @@ func (r *pdRequest) pick(exP *upstream.Endpoint) (*upstream.Endpoint, *upstream.
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: rule %q has no available decode endpoint", ErrPDPoolUnavailable, r.rt.rule.Name)
 	}
-	r.preq.Exclude = nil
 	r.prefillHow = how
+	id := []byte(r.id)
+	var kvc *kvChoice
+	if r.rt.kv != nil {
+		kvc = &r.kvc
+	}
+	r.s.decisions.addLeg(r.rt.rule.Name, "prefill", P.ID, r.pd.label+" prefill "+how, id, 0, kvc, P.ID)
+	r.s.decisions.addLeg(r.rt.rule.Name, "decode", dd.Endpoint.ID, r.pd.label+" decode "+dd.Reason.String(), id, 0, nil, dd.Endpoint.ID)
 	return P, dd.Endpoint, nil
+}
+
+// pair is the adapter's view of the chosen endpoints.
+func (r *pdRequest) pair(P, D *upstream.Endpoint) *engines.PDPair {
+	boot := r.pd.bootPort
+	if b := r.pd.bootOf[P.ID]; b != 0 {
+		boot = b
+	}
+	return &engines.PDPair{
+		RequestID:     r.id,
+		PrefillHost:   P.Host,
+		PrefillPort:   P.Port,
+		DecodeHost:    D.Host,
+		DecodePort:    D.Port,
+		BootstrapPort: boot,
+		PrefillKVPort: r.pd.kvPort[P.ID],
+		DecodeKVPort:  r.pd.kvPort[D.ID],
+		Nonce:         rand.Uint64() & (1<<63 - 1),
+	}
 }
 
 // kvCheck feeds a prefill leg's answer to the KV-exact self-check.
@@ -317,6 +378,9 @@ func (r *pdRequest) sendLeg(ctx context.Context, ep *upstream.Endpoint, body []b
 		return nil, err
 	}
 	req.Header = r.hdr.Clone()
+	if r.legID != "" {
+		req.Header.Set("X-Request-Id", r.legID)
+	}
 	resp, err := r.pd.client.Do(req)
 	if err != nil {
 		if b := ep.Breaker(); b != nil && !errors.Is(ctx.Err(), context.Canceled) {
@@ -324,19 +388,21 @@ func (r *pdRequest) sendLeg(ctx context.Context, ep *upstream.Endpoint, body []b
 		}
 		return nil, err
 	}
-	recordStatus(ep, resp.StatusCode)
+	r.recordStatus(ep, resp.StatusCode)
 	return resp, nil
 }
 
-func recordStatus(ep *upstream.Endpoint, status int) {
+// recordStatus charges ep's breaker with an answer's status as the engine's
+// adapter classifies it: the client's faults never demote an endpoint.
+func (r *pdRequest) recordStatus(ep *upstream.Endpoint, status int) {
 	b := ep.Breaker()
 	if b == nil {
 		return
 	}
-	switch {
-	case status >= 500:
+	switch r.pd.engine.Classify(status, nil) {
+	case engines.FaultEngine, engines.FaultOverloaded:
 		b.RecordOrigin5xx()
-	case status >= 400:
+	case engines.FaultClient:
 		b.RecordClientError()
 	default:
 		b.RecordSuccess()
@@ -396,60 +462,62 @@ func copyHeaders(ctx *fasthttp.RequestCtx, h http.Header) {
 	}
 }
 
-// rewrite parses the client's body, applies edit, and returns the new body.
-func rewrite(body []byte, edit func(v *fastjson.Value, a *fastjson.Arena)) ([]byte, error) {
-	var p fastjson.Parser
-	v, err := p.ParseBytes(body)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+// legBodyErr maps an adapter's rewrite failure: the client's body is not a
+// JSON object (400).
+func legBodyErr(err error) error {
+	if errors.Is(err, engines.ErrPDBody) {
+		return fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
-	var a fastjson.Arena
-	edit(v, &a)
-	return v.MarshalTo(make([]byte, 0, len(body)+256)), nil
+	return err
 }
 
-// serveVLLM is vLLM's sequential NIXL hand-off: a prefill capped at one
-// token returns kv_transfer_params, which the decode leg consumes.
-func (r *pdRequest) serveVLLM() error {
-	pBody, err := rewrite(r.body, func(v *fastjson.Value, a *fastjson.Arena) {
-		// Always cap the prefill, even when the client set no limit: an
-		// uncapped prefill would generate the whole answer on the prefill
-		// worker (the reference gateway forgets this).
-		v.Set("max_tokens", a.NewNumberInt(1))
-		if v.Exists("max_completion_tokens") {
-			v.Set("max_completion_tokens", a.NewNumberInt(1))
-		}
-		if mt := v.Get("min_tokens"); mt != nil && mt.GetInt() > 1 {
-			v.Set("min_tokens", a.NewNumberInt(1))
-		}
-		v.Set("stream", a.NewFalse())
-		v.Del("stream_options")
-		kv := a.NewObject()
-		kv.Set("do_remote_decode", a.NewTrue())
-		kv.Set("do_remote_prefill", a.NewFalse())
-		kv.Set("remote_engine_id", a.NewNull())
-		kv.Set("remote_block_ids", a.NewNull())
-		kv.Set("remote_host", a.NewNull())
-		kv.Set("remote_port", a.NewNull())
-		v.Set("kv_transfer_params", kv)
-	})
-	if err != nil {
-		return err
-	}
+// isDialErr reports a leg that provably never reached the worker (the
+// connection was never established): only such a leg is re-driven on
+// another endpoint, so that no request executes twice.
+func isDialErr(err error) bool {
+	var de *DialError
+	return errors.As(err, &de)
+}
+
+// serveSequential drives the sequential shape: a buffered prefill leg, its
+// hand-off, then the decode leg.
+func (r *pdRequest) serveSequential() error { return r.twoPhase("prefill") }
+
+// serveContextGeneration drives the context→generation shape: like the
+// sequential one, except that the context answer may already be the whole
+// answer (the adapter's HandOff.Final), which is relayed without a
+// generation leg.
+func (r *pdRequest) serveContextGeneration() error { return r.twoPhase("context") }
+
+// twoPhase is the prefill-then-decode flow of the sequential and
+// context→generation shapes; leg names the first leg in routes.
+func (r *pdRequest) twoPhase(leg string) error {
+	m := r.s.metrics
+	name := r.rt.rule.Name
 	P, D, err := r.pick(nil)
 	if err != nil {
 		return err
 	}
-	m := r.s.metrics
-	name := r.rt.rule.Name
-	pr := r.bufferedLeg(r.s.ctx, P, pBody, r.rt.rule.Timeouts.Prefill.Std())
-	if pr.err != nil && !isCtxTimeout(pr.err) {
-		// One re-drive on another prefill endpoint for a connection failure.
+	pair := r.pair(P, D)
+	r.legID = r.pd.proto.LegRequestID(pair)
+	pBody, err := r.pd.proto.PrefillBody(r.body, pair)
+	if err != nil {
+		return legBodyErr(err)
+	}
+	timeout := r.rt.rule.Timeouts.Prefill.Std()
+	pr := r.bufferedLeg(r.s.ctx, P, pBody, timeout)
+	if pr.err != nil && isDialErr(pr.err) {
+		// One re-drive on another prefill endpoint: the first never got
+		// the request.
 		m.retries.WithLabelValues(name).Inc()
-		P2, _, perr := r.pick(P)
-		if perr == nil && P2 != P {
-			P = P2
-			pr = r.bufferedLeg(r.s.ctx, P, pBody, r.rt.rule.Timeouts.Prefill.Std())
+		if P2, D2, perr := r.pick(P); perr == nil && P2 != P {
+			P, D = P2, D2
+			pair = r.pair(P, D)
+			r.legID = r.pd.proto.LegRequestID(pair)
+			if pBody, err = r.pd.proto.PrefillBody(r.body, pair); err != nil {
+				return legBodyErr(err)
+			}
+			pr = r.bufferedLeg(r.s.ctx, P, pBody, timeout)
 		}
 	}
 	m.pdPrefillDuration.WithLabelValues(name).Observe(pr.dur.Seconds())
@@ -457,58 +525,54 @@ func (r *pdRequest) serveVLLM() error {
 		m.pdRequests.WithLabelValues(name, "prefill", pdStatus(r.prefillErr(P, pr.err))).Inc()
 		return r.prefillErr(P, pr.err)
 	}
-	var kvParams []byte
+	r.route = r.pd.label + " " + leg + "=" + P.ID + " (" + r.prefillHow + ")"
+	var h engines.HandOff
 	switch {
 	case pr.status >= 400 && pr.status < 500:
 		// The request itself is at fault: the decode would refuse it too.
 		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
-		r.route = "pd-vllm prefill-rejected"
+		r.route += " " + leg + "-rejected"
 		r.relayVerbatim(P, pr)
 		return nil
 	case pr.status >= 500:
 		// The decode recomputes the prompt: slower, but the client is
 		// served; the 5xx streak demotes the prefill endpoint.
 		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
-		r.route = "pd-vllm prefill-5xx recompute"
+		r.route += " " + leg + "-5xx recompute"
+		h.Missing = leg + "-5xx"
 	default:
 		m.pdRequests.WithLabelValues(name, "prefill", "success").Inc()
 		r.kvCheck(P, pr.body)
-		var p fastjson.Parser
-		if v, err := p.ParseBytes(pr.body); err == nil {
-			if kv := v.Get("kv_transfer_params"); kv != nil && kv.Type() == fastjson.TypeObject {
-				kvParams = kv.MarshalTo(nil)
-			}
+		h = r.pd.proto.HandOff(pr.body, pair)
+		if h.Final != nil {
+			m.pdEarlyExit.WithLabelValues(name).Inc()
+			r.route += " early-exit"
+			r.relayEarly(P, pr, h.Final)
+			return nil
 		}
-		if kvParams == nil {
-			r.route = "pd-vllm kv-params-missing recompute"
-		} else {
-			r.route = "pd-vllm"
-		}
-	}
-	outcome := "found"
-	if kvParams == nil {
-		outcome = "missing"
-	}
-	m.pdKVParams.WithLabelValues(name, outcome).Inc()
-	dBody := r.body
-	if kvParams != nil {
-		if dBody, err = rewrite(r.body, func(v *fastjson.Value, a *fastjson.Arena) {
-			var p fastjson.Parser
-			kv, _ := p.ParseBytes(kvParams)
-			v.Set("kv_transfer_params", kv)
-		}); err != nil {
-			return err
+		if h.Params == nil && !h.OutOfBand {
+			r.route += " " + h.Missing + " recompute"
 		}
 	}
-	r.route += " prefill=" + P.ID + " (" + r.prefillHow + ")"
+	if !h.OutOfBand {
+		outcome := "found"
+		if h.Params == nil {
+			outcome = "missing"
+		}
+		m.pdKVParams.WithLabelValues(name, outcome).Inc()
+	}
+	dBody, err := r.pd.proto.DecodeBody(r.body, pair, h)
+	if err != nil {
+		return legBodyErr(err)
+	}
 	return r.decodeLeg(D, dBody)
 }
 
-// serveSGLang is SGLang's concurrent dispatch: the same body, carrying the
-// prefill's bootstrap address and a fresh room, goes to both legs at once;
-// the decode answers the client. A prefill connection failure before any
-// decode byte gets one retry with a fresh pair and room.
-func (r *pdRequest) serveSGLang() error {
+// serveConcurrent drives the concurrent shape: both legs at once, joined by
+// the adapter's rendezvous fields; the decode answers the client. A
+// prefill that provably never got the request, before any decode byte,
+// gets one retry with a fresh pair.
+func (r *pdRequest) serveConcurrent() error {
 	var exclude *upstream.Endpoint
 	var lastErr error
 	for attempt := 0; ; attempt++ {
@@ -519,7 +583,7 @@ func (r *pdRequest) serveSGLang() error {
 			}
 			return err
 		}
-		err, retry := r.sglangPair(P, D)
+		err, retry := r.concurrentPair(P, D)
 		if retry && attempt == 0 {
 			r.s.metrics.retries.WithLabelValues(r.rt.rule.Name).Inc()
 			exclude, lastErr = P, err
@@ -529,49 +593,54 @@ func (r *pdRequest) serveSGLang() error {
 	}
 }
 
-// bracketHost writes an IPv6 literal in brackets, as SGLang expects.
-func bracketHost(h string) string {
-	if strings.Contains(h, ":") && !strings.HasPrefix(h, "[") {
-		return "[" + h + "]"
-	}
-	return h
-}
-
-// sglangPair runs one (prefill, decode, room) attempt. retry reports a
-// prefill connection failure before any decode byte reached the client.
-func (r *pdRequest) sglangPair(P, D *upstream.Endpoint) (err error, retry bool) {
+// concurrentPair runs one (prefill, decode) attempt. retry reports a
+// prefill dial failure before any decode byte reached the client.
+//
+// Whichever leg finishes first decides: a prefill failure is the
+// prefill's; a decode that fails (connection error, or an error status)
+// is the decode's own answer, relayed at once (status and body verbatim),
+// and the prefill leg, which would otherwise wait for a decode that never
+// joins, is cancelled and not charged.
+func (r *pdRequest) concurrentPair(P, D *upstream.Endpoint) (err error, retry bool) {
 	name := r.rt.rule.Name
 	m := r.s.metrics
-	room := rand.Uint64() & (1<<63 - 1)
-	port := r.pd.bootPort
-	for _, e := range r.rt.rule.Endpoints {
-		if e.ID == P.ID && e.BootstrapPort != 0 {
-			port = e.BootstrapPort
-		}
-	}
-	body, err := rewrite(r.body, func(v *fastjson.Value, a *fastjson.Arena) {
-		v.Set("bootstrap_host", a.NewString(bracketHost(P.Host)))
-		v.Set("bootstrap_port", a.NewNumberInt(port))
-		v.Set("bootstrap_room", a.NewNumberString(strconv.FormatUint(room, 10)))
-	})
+	pair := r.pair(P, D)
+	r.legID = r.pd.proto.LegRequestID(pair)
+	pBody, err := r.pd.proto.PrefillBody(r.body, pair)
 	if err != nil {
-		return err, false
+		return legBodyErr(err), false
 	}
-	r.route = "pd-sglang prefill=" + P.ID + " (" + r.prefillHow + ") room=" + strconv.FormatUint(room, 10)
+	dBody, err := r.pd.proto.DecodeBody(r.body, pair, engines.HandOff{})
+	if err != nil {
+		return legBodyErr(err), false
+	}
+	r.route = r.pd.label + " prefill=" + P.ID + " (" + r.prefillHow + ") nonce=" + strconv.FormatUint(pair.Nonce, 10)
 
 	legsCtx, cancelLegs := context.WithCancel(r.s.ctx)
+	prefillCtx, cancelPrefill := context.WithCancel(legsCtx)
+	defer cancelPrefill()
 	prefillDone := make(chan legResult, 1)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		prefillDone <- r.bufferedLeg(legsCtx, P, body, r.rt.rule.Timeouts.Prefill.Std())
+		prefillDone <- r.bufferedLeg(prefillCtx, P, pBody, r.rt.rule.Timeouts.Prefill.Std())
 	}()
-	dl := r.startDecode(legsCtx, D, body)
+	dl := r.startDecode(legsCtx, D, dBody)
 	var pr legResult
 	select {
 	case pr = <-prefillDone:
 	case <-dl.headers:
+		if dl.err != nil || dl.resp.StatusCode >= 400 {
+			// The decode failed on its own: the prefill can only wait for
+			// it now. Cancel it (a cancelled leg charges no breaker) and
+			// answer with the decode's failure.
+			cancelPrefill()
+			wg.Wait()
+			m.pdRequests.WithLabelValues(name, "prefill", "cancelled").Inc()
+			r.route += " decode-failed"
+			return r.finishDecode(dl, cancelLegs), false
+		}
 		// The decode answered first; its bytes wait until the prefill's
 		// status is known, so a prefill rejection can still be relayed.
 		pr = <-prefillDone
@@ -584,11 +653,9 @@ func (r *pdRequest) sglangPair(P, D *upstream.Endpoint) (err error, retry bool) 
 		return e, false
 	}
 	switch {
-	case pr.err != nil && !isCtxTimeout(pr.err) && !dl.sentAny():
+	case pr.err != nil && isDialErr(pr.err) && !dl.sentAny():
 		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
-		cancelLegs()
-		dl.abandon()
-		wg.Wait()
+		_, _ = fail(nil)
 		return r.prefillErr(P, pr.err), true
 	case pr.err != nil:
 		m.pdRequests.WithLabelValues(name, "prefill", pdStatus(r.prefillErr(P, pr.err))).Inc()
@@ -609,103 +676,8 @@ func (r *pdRequest) sglangPair(P, D *upstream.Endpoint) (err error, retry bool) 
 	return r.finishDecode(dl, cancelLegs), false
 }
 
-// serveTRT is TensorRT-LLM's context-then-generation hand-off with
-// disaggregated_params.
-func (r *pdRequest) serveTRT() error {
-	name := r.rt.rule.Name
-	m := r.s.metrics
-	disaggID := rand.Int64() & (1<<63 - 1)
-	cBody, err := rewrite(r.body, func(v *fastjson.Value, a *fastjson.Arena) {
-		v.Set("stream", a.NewFalse())
-		v.Del("stream_options")
-		dp := a.NewObject()
-		dp.Set("request_type", a.NewString("context_only"))
-		dp.Set("disagg_request_id", a.NewNumberString(strconv.FormatInt(disaggID, 10)))
-		v.Set("disaggregated_params", dp)
-	})
-	if err != nil {
-		return err
-	}
-	P, D, err := r.pick(nil)
-	if err != nil {
-		return err
-	}
-	cr := r.bufferedLeg(r.s.ctx, P, cBody, r.rt.rule.Timeouts.Prefill.Std())
-	if cr.err != nil && !isCtxTimeout(cr.err) {
-		m.retries.WithLabelValues(name).Inc()
-		if P2, _, perr := r.pick(P); perr == nil && P2 != P {
-			P = P2
-			cr = r.bufferedLeg(r.s.ctx, P, cBody, r.rt.rule.Timeouts.Prefill.Std())
-		}
-	}
-	m.pdPrefillDuration.WithLabelValues(name).Observe(cr.dur.Seconds())
-	if cr.err != nil {
-		m.pdRequests.WithLabelValues(name, "prefill", pdStatus(r.prefillErr(P, cr.err))).Inc()
-		return r.prefillErr(P, cr.err)
-	}
-	r.route = "pd-trtllm context=" + P.ID + " (" + r.prefillHow + ")"
-	var params []byte
-	switch {
-	case cr.status >= 400 && cr.status < 500:
-		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
-		r.route += " context-rejected"
-		r.relayVerbatim(P, cr)
-		return nil
-	case cr.status >= 500:
-		m.pdRequests.WithLabelValues(name, "prefill", "error").Inc()
-		r.route += " context-5xx recompute"
-	default:
-		m.pdRequests.WithLabelValues(name, "prefill", "success").Inc()
-		r.kvCheck(P, cr.body)
-		var p fastjson.Parser
-		v, perr := p.ParseBytes(cr.body)
-		if perr != nil {
-			r.route += " context-unparsable recompute"
-			break
-		}
-		c0 := v.Get("choices", "0")
-		if c0 == nil {
-			r.route += " context-no-choice recompute"
-			break
-		}
-		if fr := c0.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
-			if s := string(fr.GetStringBytes()); s != "length" && s != "not_finished" {
-				// The whole answer fit in the context phase: relay it.
-				c0.Del("disaggregated_params")
-				m.pdEarlyExit.WithLabelValues(name).Inc()
-				r.route += " early-exit"
-				r.relayEarly(P, cr, v.MarshalTo(nil))
-				return nil
-			}
-		}
-		if dp := c0.Get("disaggregated_params"); dp != nil && dp.Type() == fastjson.TypeObject {
-			var a fastjson.Arena
-			dp.Set("request_type", a.NewString("generation_only"))
-			params = dp.MarshalTo(nil)
-		} else {
-			r.route += " params-missing recompute"
-		}
-	}
-	outcome := "found"
-	if params == nil {
-		outcome = "missing"
-	}
-	m.pdKVParams.WithLabelValues(name, outcome).Inc()
-	gBody := r.body
-	if params != nil {
-		if gBody, err = rewrite(r.body, func(v *fastjson.Value, a *fastjson.Arena) {
-			var p fastjson.Parser
-			dp, _ := p.ParseBytes(params)
-			v.Set("disaggregated_params", dp)
-		}); err != nil {
-			return err
-		}
-	}
-	return r.decodeLeg(D, gBody)
-}
-
-// relayEarly answers with a finished context response: JSON as is, or for a
-// streaming client one SSE event carrying it, then [DONE].
+// relayEarly answers with a finished prefill (context) answer: JSON as is,
+// or for a streaming client one SSE event carrying it, then [DONE].
 func (r *pdRequest) relayEarly(P *upstream.Endpoint, cr legResult, body []byte) {
 	r.ctx.Response.Header.Set("X-Llmgw-Endpoint", P.ID)
 	r.ctx.Response.Header.Set("X-Llmgw-Route", r.route)
@@ -811,8 +783,11 @@ func (r *pdRequest) finishDecode(dl *decodeLegState, cancelAll context.CancelFun
 		dl.release()
 		cancelAll()
 		status := "success"
-		if err != nil {
+		switch {
+		case err != nil:
 			status = pdStatus(err)
+		case code >= 400:
+			status = "error"
 		}
 		m.pdRequests.WithLabelValues(name, "decode", status).Inc()
 		m.pdRequests.WithLabelValues(name, "complete", status).Inc()

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/gateway/rule"
 )
 
@@ -309,14 +310,26 @@ func (rt *ruleRuntime) status(addr string) *RuleStatus {
 	return st
 }
 
-// trtConsumerConflict refuses a KV-exact TensorRT-LLM rule that would poll
-// an endpoint another rule already polls: /kv_cache_events is drained when
-// read, so a second consumer would steal events from the first and both
-// inventories would silently diverge from the engine.
+// destructiveEvents reports whether a rule consumes KV events that reading
+// removes (the adapter's KV().Destructive: TensorRT-LLM's
+// /kv_cache_events).
+func destructiveEvents(r *rule.Rule) bool {
+	if r.KVExactMode == 0 {
+		return false
+	}
+	a, err := engines.For(engines.Kind(r.KVEngineType))
+	return err == nil && a.KV() != nil && a.KV().Destructive
+}
+
+// trtConsumerConflict refuses a KV-exact rule on an engine whose events are
+// drained when read (TensorRT-LLM) that would poll an endpoint another rule
+// already polls: a second consumer would steal events from the first and
+// both inventories would silently diverge from the engine.
 func trtConsumerConflict(eff *rule.Rule, others []*rule.Rule) error {
-	if eff.KVEngineType != "trtllm" || eff.KVExactMode == 0 {
+	if !destructiveEvents(eff) {
 		return nil
 	}
+	a := engines.MustFor(engines.Kind(eff.KVEngineType))
 	polled := func(r *rule.Rule) map[string]bool {
 		m := map[string]bool{}
 		for _, e := range r.Endpoints {
@@ -330,13 +343,13 @@ func trtConsumerConflict(eff *rule.Rule, others []*rule.Rule) error {
 	mine := polled(eff)
 	for _, o := range others {
 		oe := o.Effective()
-		if oe.KVEngineType != "trtllm" || oe.KVExactMode == 0 {
+		if !destructiveEvents(oe) || oe.KVEngineType != eff.KVEngineType {
 			continue
 		}
 		for addr := range polled(oe) {
 			if mine[addr] {
 				return &rule.AdmissionError{Code: "trtllm_event_consumer_conflict", Field: "endpoints", Conflict: true,
-					Message: fmt.Sprintf("rule %q already polls TensorRT-LLM KV events at %s; /kv_cache_events is drained when read, so only one rule may consume it (use one rule, or kvExactMode 0 here)", oe.Name, addr)}
+					Message: fmt.Sprintf("rule %q already polls %s KV events at %s; %s is drained when read, so only one rule may consume it (use one rule, or kvExactMode 0 here)", oe.Name, a.Display(), addr, a.KV().PollPath)}
 			}
 		}
 	}

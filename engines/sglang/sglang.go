@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/kvhash"
 )
 
 func init() { engines.Register(&Adapter{}) }
@@ -77,16 +78,13 @@ func (*Adapter) Metrics() engines.MetricNames {
 func (*Adapter) KV() *engines.KVContract {
 	return &engines.KVContract{
 		Transport:    engines.EventsZMQ,
-		HashAlgo:     "sha256_sglang",
+		HashAlgo:     string(kvhash.SHA256SGLang),
+		HashAlgos:    []string{string(kvhash.SHA256SGLang)},
 		BlockSize:    16,
 		ZMQPort:      5557,
 		ReplayOffset: 1000,
 	}
 }
 
-// PD: concurrent prefill and decode joined by a bootstrap triple.
+// PD: concurrent prefill and decode joined by a bootstrap triple (pd.go).
 func (*Adapter) PD() engines.PDProtocol { return pd{} }
-
-type pd struct{}
-
-func (pd) Shape() engines.PDShape { return engines.PDConcurrent }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/kvhash"
 )
 
 func init() { engines.Register(&Adapter{}) }
@@ -70,16 +71,14 @@ func (*Adapter) Metrics() engines.MetricNames { return engines.MetricNames{} }
 func (*Adapter) KV() *engines.KVContract {
 	return &engines.KVContract{
 		Transport:   engines.EventsHTTPPoll,
-		HashAlgo:    "blockhash_trtllm",
+		HashAlgo:    string(kvhash.BlockHashTRTLLM),
+		HashAlgos:   []string{string(kvhash.BlockHashTRTLLM)},
 		BlockSize:   32,
 		PollPath:    "/kv_cache_events",
 		Destructive: true,
 	}
 }
 
-// PD: a context-only request, then generation with disaggregated params.
+// PD: a context-only request, then generation with disaggregated params
+// (pd.go).
 func (*Adapter) PD() engines.PDProtocol { return pd{} }
-
-type pd struct{}
-
-func (pd) Shape() engines.PDShape { return engines.PDContextGeneration }

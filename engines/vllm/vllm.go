@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/kvhash"
 )
 
 func init() { engines.Register(&Adapter{}) }
@@ -95,16 +96,13 @@ func (*Adapter) Metrics() engines.MetricNames {
 func (*Adapter) KV() *engines.KVContract {
 	return &engines.KVContract{
 		Transport:    engines.EventsZMQ,
-		HashAlgo:     "sha256_cbor",
+		HashAlgo:     string(kvhash.SHA256CBOR),
+		HashAlgos:    []string{string(kvhash.SHA256CBOR), string(kvhash.XXHashCBOR)},
 		BlockSize:    16,
 		ZMQPort:      5557,
 		ReplayOffset: 1000,
 	}
 }
 
-// PD: sequential, prefill then decode (NIXL kv_transfer_params).
+// PD: sequential, prefill then decode (pd.go).
 func (*Adapter) PD() engines.PDProtocol { return pd{} }
-
-type pd struct{}
-
-func (pd) Shape() engines.PDShape { return engines.PDSequential }

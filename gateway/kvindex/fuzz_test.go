@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/kvevents"
 	"github.com/llmgw/llmgw/engines/kvhash"
 )
@@ -53,7 +54,7 @@ func FuzzHandleBatch(f *testing.F) {
 	base := encode(f, kvevents.Map, stored(4, 100, 101))
 	f.Fuzz(func(t *testing.T, seq uint64, payload []byte) {
 		x := New(2, 64)
-		g, err := NewIngester(IngestConfig{Engine: EngineVLLM, Endpoint: 1, ZMQ: []string{"tcp://127.0.0.1:1"}, BlockSize: 4}, x)
+		g, err := NewIngester(IngestConfig{Engine: engines.VLLM, Endpoint: 1, ZMQ: []string{"tcp://127.0.0.1:1"}, BlockSize: 4}, x)
 		if err != nil {
 			t.Fatalf("NewIngester: %v", err)
 		}
@@ -107,7 +108,7 @@ func FuzzTRTBody(f *testing.F) {
 	)
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		x := New(1, 16)
-		g, err := NewIngester(IngestConfig{Engine: EngineTRTLLM, HTTPBase: "http://127.0.0.1:1", BlockSize: bs, MaxChain: 8, MaxResponseBytes: 1 << 16}, x)
+		g, err := NewIngester(IngestConfig{Engine: engines.TRTLLM, HTTPBase: "http://127.0.0.1:1", BlockSize: bs, MaxChain: 8, MaxResponseBytes: 1 << 16}, x)
 		if err != nil {
 			t.Fatalf("NewIngester: %v", err)
 		}
@@ -162,13 +163,13 @@ func BenchmarkIngest(b *testing.B) {
 	}
 	for _, tc := range []struct {
 		name     string
-		engine   string
+		engine   engines.Kind
 		enc      kvevents.Encoding
 		perEvent int
 	}{
-		{"vllm_map_16blocks_per_event", EngineVLLM, kvevents.Map, 16},
-		{"vllm_array_16blocks_per_event", EngineVLLM, kvevents.ArrayV011, 16},
-		{"sglang_array_1block_per_event", EngineSGLang, kvevents.ArraySGLang, 1},
+		{"vllm_map_16blocks_per_event", engines.VLLM, kvevents.Map, 16},
+		{"vllm_array_16blocks_per_event", engines.VLLM, kvevents.ArrayV011, 16},
+		{"sglang_array_1block_per_event", engines.SGLang, kvevents.ArraySGLang, 1},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			payloads := make([][]byte, 64)
@@ -214,7 +215,7 @@ func BenchmarkTRTApply(b *testing.B) {
 		evs = append(evs, kvevents.TRTEvent{EventID: uint64(r), WindowSize: 4096, Data: kvevents.TRTEventData{Type: kvevents.TRTStored, Blocks: blocks}})
 	}
 	x := New(1, 100_000)
-	g, err := NewIngester(IngestConfig{Engine: EngineTRTLLM, HTTPBase: "http://127.0.0.1:1", BlockSize: bs, Hasher: h}, x)
+	g, err := NewIngester(IngestConfig{Engine: engines.TRTLLM, HTTPBase: "http://127.0.0.1:1", BlockSize: bs, Hasher: h}, x)
 	if err != nil {
 		b.Fatalf("NewIngester: %v", err)
 	}

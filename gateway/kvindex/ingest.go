@@ -12,15 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // the adapters NewIngester asks
 	"github.com/llmgw/llmgw/engines/kvevents"
 	"github.com/llmgw/llmgw/engines/kvhash"
-)
-
-// Engines an Ingester speaks to.
-const (
-	EngineVLLM   = "vllm"
-	EngineSGLang = "sglang"
-	EngineTRTLLM = "trtllm"
 )
 
 // Errors from NewIngester and Run; match them with errors.Is.
@@ -51,8 +46,9 @@ const (
 // IngestConfig configures one endpoint's event ingestion. The zero value of
 // every optional field selects the documented default.
 type IngestConfig struct {
-	// Engine is EngineVLLM, EngineSGLang or EngineTRTLLM.
-	Engine string
+	// Engine is the engine whose events are ingested; its adapter's
+	// KV().Transport says how (ZMQ streams, or the HTTP drain).
+	Engine engines.Kind
 	// Endpoint is the endpoint's index in the Index.
 	Endpoint int
 
@@ -212,8 +208,16 @@ func NewIngester(cfg IngestConfig, x *Index) (*Ingester, error) {
 		g.log = slog.New(slog.DiscardHandler)
 	}
 	g.log = g.log.With("component", "kvindex", "engine", cfg.Engine, "endpoint", cfg.Endpoint)
-	switch cfg.Engine {
-	case EngineVLLM, EngineSGLang:
+	a, err := engines.For(cfg.Engine)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	transport := engines.EventsNone
+	if a.KV() != nil {
+		transport = a.KV().Transport
+	}
+	switch transport {
+	case engines.EventsZMQ:
 		if len(cfg.ZMQ) == 0 {
 			return nil, fmt.Errorf("%w: %s needs at least one ZMQ endpoint", ErrConfig, cfg.Engine)
 		}
@@ -232,12 +236,14 @@ func NewIngester(cfg IngestConfig, x *Index) (*Ingester, error) {
 		for i, ep := range cfg.ZMQ {
 			g.streams[i] = streamSeq{endpoint: ep, lastSeq: -1}
 		}
-	case EngineTRTLLM:
+	case engines.EventsHTTPPoll:
+		// The HTTP drain decoder is TensorRT-LLM's JSON event format, the
+		// only engine with this transport.
 		if err := g.initTRT(); err != nil {
 			return nil, err
 		}
 	default:
-		return nil, fmt.Errorf("%w: engine %q: valid engines are vllm, sglang, trtllm", ErrConfig, cfg.Engine)
+		return nil, fmt.Errorf("%w: %s publishes no KV events", ErrConfig, a.Display())
 	}
 	g.st.LastSeq = -1
 	return g, nil

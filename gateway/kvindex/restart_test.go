@@ -21,7 +21,7 @@ func TestRestartClearsWithoutNewBatch(t *testing.T) {
 	c := httpClient(t)
 	x := New(1, 10000)
 	g, err := NewIngester(IngestConfig{
-		Engine: EngineVLLM, ZMQ: []string{s.Addrs().Events}, Replay: []string{s.Addrs().Replay},
+		Engine: engines.VLLM, ZMQ: []string{s.Addrs().Events}, Replay: []string{s.Addrs().Replay},
 		BlockSize: 16, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 	}, x)
 	if err != nil {

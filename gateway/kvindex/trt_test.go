@@ -30,7 +30,7 @@ func seqTokens(from, n int) []uint32 {
 func newTRTIngester(t *testing.T, x *Index, base string, bs int) *Ingester {
 	t.Helper()
 	g, err := NewIngester(IngestConfig{
-		Engine: EngineTRTLLM, HTTPBase: base, BlockSize: bs,
+		Engine: engines.TRTLLM, HTTPBase: base, BlockSize: bs,
 		PollMin: time.Millisecond, PollMax: 5 * time.Millisecond,
 		AdmissionRetry: 10 * time.Millisecond, AdmissionRecheck: 20 * time.Millisecond,
 		HTTPClient: httpClient(t),
@@ -155,7 +155,7 @@ func TestTRTSoleConsumer(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := NewIngester(IngestConfig{Engine: EngineTRTLLM, Endpoint: 1, HTTPBase: tc.base, BlockSize: 32}, x)
+			_, err := NewIngester(IngestConfig{Engine: engines.TRTLLM, Endpoint: 1, HTTPBase: tc.base, BlockSize: 32}, x)
 			if !errors.Is(err, ErrSoleConsumer) {
 				t.Errorf("NewIngester: got %v, want ErrSoleConsumer", err)
 			}
@@ -340,7 +340,7 @@ func TestIngestTRTRules(t *testing.T) {
 			srv := newScriptedTRT(t, bs, tc.bodies...)
 			x := New(1, 100)
 			g, err := NewIngester(IngestConfig{
-				Engine: EngineTRTLLM, HTTPBase: srv.srv.URL, BlockSize: bs, MaxResponseBytes: tc.maxBody,
+				Engine: engines.TRTLLM, HTTPBase: srv.srv.URL, BlockSize: bs, MaxResponseBytes: tc.maxBody,
 				PollMin: time.Millisecond, PollMax: 2 * time.Millisecond, HTTPClient: httpClient(t),
 			}, x)
 			if err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/kvevents"
 )
 
@@ -33,7 +34,7 @@ func newZMQEnv(t *testing.T, enc kvevents.Encoding) *zmqEnv {
 	e := &zmqEnv{t: t, enc: enc, pub: pub, endpoint: tcpOf(pub.Addr()), replay: tcpOf(pub.ReplayAddr())}
 	e.x = New(2, 1000)
 	g, err := NewIngester(IngestConfig{
-		Engine: EngineVLLM, Endpoint: zep,
+		Engine: engines.VLLM, Endpoint: zep,
 		ZMQ: []string{e.endpoint}, Replay: []string{e.replay},
 		BlockSize: testBS, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 	}, e.x)
@@ -276,7 +277,7 @@ func TestIngestSGLangRanksMerge(t *testing.T) {
 	p1 := startPub(t, "tcp://127.0.0.1:0", "")
 	x := New(1, 100)
 	g, err := NewIngester(IngestConfig{
-		Engine: EngineSGLang, Endpoint: 0,
+		Engine: engines.SGLang, Endpoint: 0,
 		ZMQ:    []string{tcpOf(p0.Addr()), tcpOf(p1.Addr())},
 		Replay: []string{tcpOf(p0.ReplayAddr()), ""},
 	}, x)
@@ -320,15 +321,15 @@ func TestNewIngesterRejects(t *testing.T) {
 		cfg  IngestConfig
 	}{
 		{"unknown_engine", IngestConfig{Engine: "llamacpp", ZMQ: []string{"tcp://127.0.0.1:1"}}},
-		{"endpoint_out_of_range", IngestConfig{Engine: EngineVLLM, Endpoint: 2, ZMQ: []string{"tcp://127.0.0.1:1"}}},
-		{"negative_endpoint", IngestConfig{Engine: EngineVLLM, Endpoint: -1, ZMQ: []string{"tcp://127.0.0.1:1"}}},
-		{"no_zmq", IngestConfig{Engine: EngineSGLang}},
-		{"zmq_without_transport", IngestConfig{Engine: EngineVLLM, ZMQ: []string{"127.0.0.1:5557"}}},
-		{"replay_count_mismatch", IngestConfig{Engine: EngineSGLang, ZMQ: []string{"tcp://a:1", "tcp://a:2"}, Replay: []string{"tcp://a:3"}}},
-		{"trt_without_block_size", IngestConfig{Engine: EngineTRTLLM, HTTPBase: "http://127.0.0.1:1"}},
-		{"trt_bad_url", IngestConfig{Engine: EngineTRTLLM, HTTPBase: "127.0.0.1:1", BlockSize: 16}},
-		{"trt_ftp_url", IngestConfig{Engine: EngineTRTLLM, HTTPBase: "ftp://127.0.0.1:1", BlockSize: 16}},
-		{"negative_block_size", IngestConfig{Engine: EngineVLLM, BlockSize: -1, ZMQ: []string{"tcp://127.0.0.1:1"}}},
+		{"endpoint_out_of_range", IngestConfig{Engine: engines.VLLM, Endpoint: 2, ZMQ: []string{"tcp://127.0.0.1:1"}}},
+		{"negative_endpoint", IngestConfig{Engine: engines.VLLM, Endpoint: -1, ZMQ: []string{"tcp://127.0.0.1:1"}}},
+		{"no_zmq", IngestConfig{Engine: engines.SGLang}},
+		{"zmq_without_transport", IngestConfig{Engine: engines.VLLM, ZMQ: []string{"127.0.0.1:5557"}}},
+		{"replay_count_mismatch", IngestConfig{Engine: engines.SGLang, ZMQ: []string{"tcp://a:1", "tcp://a:2"}, Replay: []string{"tcp://a:3"}}},
+		{"trt_without_block_size", IngestConfig{Engine: engines.TRTLLM, HTTPBase: "http://127.0.0.1:1"}},
+		{"trt_bad_url", IngestConfig{Engine: engines.TRTLLM, HTTPBase: "127.0.0.1:1", BlockSize: 16}},
+		{"trt_ftp_url", IngestConfig{Engine: engines.TRTLLM, HTTPBase: "ftp://127.0.0.1:1", BlockSize: 16}},
+		{"negative_block_size", IngestConfig{Engine: engines.VLLM, BlockSize: -1, ZMQ: []string{"tcp://127.0.0.1:1"}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -337,7 +338,7 @@ func TestNewIngesterRejects(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewIngester(IngestConfig{Engine: EngineVLLM, ZMQ: []string{"tcp://127.0.0.1:1"}}, nil); !errors.Is(err, ErrConfig) {
+	if _, err := NewIngester(IngestConfig{Engine: engines.VLLM, ZMQ: []string{"tcp://127.0.0.1:1"}}, nil); !errors.Is(err, ErrConfig) {
 		t.Errorf("nil index: got %v, want ErrConfig", err)
 	}
 }

@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/kvhash"
 )
 
 // Limits enforced by Admit.
@@ -128,17 +131,43 @@ const (
 // SupportedSels lists the selection policies llmgw implements.
 var SupportedSels = []int{0, 2, 3, 4, 8, 10}
 
-// KnownHashAlgos lists the block-hash algorithm names kvHashAlgo accepts.
-var KnownHashAlgos = []string{"sha256_cbor", "xxhash_cbor", "sha256_sglang", "blockhash_trtllm"}
+// KnownHashAlgos lists the block-hash algorithm names kvHashAlgo accepts
+// (engines/kvhash's algorithms).
+var KnownHashAlgos = func() []string {
+	var out []string
+	for _, a := range kvhash.Algos() {
+		out = append(out, string(a))
+	}
+	return out
+}()
 
-// KnownEngines lists the kvEngineType values accepted ("" means vllm).
-var KnownEngines = []string{"vllm", "sglang", "trtllm", "llamacpp"}
+// KnownEngines lists the kvEngineType values accepted ("" means vllm): the
+// engines with a registered adapter.
+var KnownEngines = func() []string {
+	var out []string
+	for _, a := range engines.Registered() {
+		out = append(out, string(a.Kind()))
+	}
+	return out
+}()
 
-// engineHashAlgos is the engine/hash coherence table (reference V11).
-var engineHashAlgos = map[string][]string{
-	"vllm":   {"sha256_cbor", "xxhash_cbor"},
-	"sglang": {"sha256_sglang"},
-	"trtllm": {"blockhash_trtllm"},
+// engineHashAlgos is the engine/hash coherence (reference V11): the
+// algorithms the engine's adapter says it can be configured with.
+func engineHashAlgos(engine string) []string {
+	a := adapterFor(engine)
+	if a == nil || a.KV() == nil {
+		return nil
+	}
+	return a.KV().HashAlgos
+}
+
+// quoted joins names as "a", "b", "c".
+func quoted(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	return strings.Join(q, ", ")
 }
 
 // ValidName reports whether name can be a rule name: 1..63 characters from
@@ -290,15 +319,22 @@ func checkEndpoints(r *Rule) *AdmissionError {
 		if ep.EPRole < 0 || ep.EPRole > 2 {
 			return bad(CodeEndpointRole, p+".ep_role", "ep_role must be 0 (normal), 1 (prefill) or 2 (decode), got %d", ep.EPRole)
 		}
-		if ep.NixlPort != 0 && !validPort(ep.NixlPort) {
-			return bad(CodeEndpointNixlPort, p+".nixl_port", "nixl_port must be within 1..65535 (0 = targetPort), got %d", ep.NixlPort)
+		if ep.NixlPort != 0 {
+			if !validPort(ep.NixlPort) {
+				return bad(CodeEndpointNixlPort, p+".nixl_port", "nixl_port must be within 1..65535 (0 = none), got %d", ep.NixlPort)
+			}
+			// The port is only ever used to build the P2P-NCCL request id
+			// of a P/D pair; anywhere else it would be silently ignored.
+			if a := adapterOf(r); !r.PDDisaggMode || a == nil || a.PD() == nil || !a.PD().KVPorts() || ep.EPRole == 0 {
+				return bad(CodeEndpointNixlPort, p+".nixl_port", "nixl_port (the vLLM P2P-NCCL KV port, carried in the legs' X-Request-Id) applies only to prefill and decode endpoints of a vLLM P/D rule; remove it")
+			}
 		}
 		if ep.BootstrapPort != 0 {
 			if !validPort(ep.BootstrapPort) {
 				return bad(CodeEndpointBootstrap, p+".bootstrapPort", "bootstrapPort must be within 1..65535, got %d", ep.BootstrapPort)
 			}
-			if !r.PDDisaggMode || engineOf(r) != "sglang" || ep.EPRole != 1 {
-				return bad(CodeEndpointBootstrap, p+".bootstrapPort", "bootstrapPort applies only to prefill endpoints (ep_role 1) of an SGLang P/D rule; remove it")
+			if a := adapterOf(r); !r.PDDisaggMode || a == nil || a.PD() == nil || a.PD().BootstrapPort() == 0 || ep.EPRole != 1 {
+				return bad(CodeEndpointBootstrap, p+".bootstrapPort", "bootstrapPort applies only to prefill endpoints (ep_role 1) of a P/D rule whose engine has a bootstrap port (SGLang); remove it")
 			}
 		}
 		if ep.KVEventsEndpoint != "" {
@@ -435,19 +471,20 @@ func engineOf(r *Rule) string {
 }
 
 func checkEngine(r *Rule) *AdmissionError {
-	switch r.KVEngineType {
-	case "", "vllm", "sglang", "trtllm":
-		return nil
-	case "llamacpp":
-		if r.KVExactMode != 0 {
-			return bad(CodeLlamacppKVExact, "kvExactMode", "kv-engine-type llamacpp has no KV event plane: kvExactMode must be 0, got %d", r.KVExactMode)
-		}
-		if r.PDDisaggMode {
-			return bad(CodeLlamacppPD, "pd_disagg_mode", "kv-engine-type llamacpp does not support prefill/decode disaggregation; remove pd_disagg_mode")
-		}
+	if r.KVEngineType == "" {
 		return nil
 	}
-	return bad(CodeKVEngineType, "kvEngineType", "kvEngineType must be one of \"vllm\", \"sglang\", \"trtllm\", \"llamacpp\" (empty means vllm), got %q", truncate(r.KVEngineType, 80))
+	a := adapterOf(r)
+	if a == nil {
+		return bad(CodeKVEngineType, "kvEngineType", "kvEngineType must be one of %s (empty means %s), got %q", quoted(KnownEngines), DefaultKVEngineType, truncate(r.KVEngineType, 80))
+	}
+	if a.KV() == nil && r.KVExactMode != 0 {
+		return bad(CodeLlamacppKVExact, "kvExactMode", "kv-engine-type %s has no KV event plane: kvExactMode must be 0, got %d", a.Kind(), r.KVExactMode)
+	}
+	if a.PD() == nil && r.PDDisaggMode {
+		return bad(CodeLlamacppPD, "pd_disagg_mode", "kv-engine-type %s does not support prefill/decode disaggregation; remove pd_disagg_mode", a.Kind())
+	}
+	return nil
 }
 
 func checkKVFields(r *Rule) *AdmissionError {
@@ -461,10 +498,10 @@ func checkKVFields(r *Rule) *AdmissionError {
 			known = known || a == r.KVHashAlgo
 		}
 		if !known {
-			return bad(CodeKVHashAlgo, "kvHashAlgo", "kvHashAlgo must be one of \"sha256_cbor\", \"xxhash_cbor\", \"sha256_sglang\", \"blockhash_trtllm\", got %q", truncate(r.KVHashAlgo, 80))
+			return bad(CodeKVHashAlgo, "kvHashAlgo", "kvHashAlgo must be one of %s, got %q", quoted(KnownHashAlgos), truncate(r.KVHashAlgo, 80))
 		}
 		allowed := false
-		for _, a := range engineHashAlgos[engine] {
+		for _, a := range engineHashAlgos(engine) {
 			allowed = allowed || a == r.KVHashAlgo
 		}
 		if !allowed {
@@ -480,19 +517,19 @@ func checkKVFields(r *Rule) *AdmissionError {
 		}
 	}
 	if r.PDBootstrapPort != 0 {
-		if !r.PDDisaggMode || engine != "sglang" {
-			return bad(CodePDBootstrapPort, "pdBootstrapPort", "pdBootstrapPort requires pd_disagg_mode: true and kvEngineType \"sglang\"; remove it")
+		if a := adapterOf(r); !r.PDDisaggMode || a == nil || a.PD() == nil || a.PD().BootstrapPort() == 0 {
+			return bad(CodePDBootstrapPort, "pdBootstrapPort", "pdBootstrapPort requires pd_disagg_mode: true and an engine with a bootstrap port (kvEngineType \"sglang\"); remove it")
 		}
 		if !validPort(r.PDBootstrapPort) {
 			return bad(CodePDBootstrapPort, "pdBootstrapPort", "pdBootstrapPort must be within 1..65535, got %d", r.PDBootstrapPort)
 		}
 	}
-	if engine == "trtllm" {
+	if a := adapterFor(engine); a != nil && a.KV() != nil && a.KV().Transport == engines.EventsHTTPPoll {
 		if r.KVZmqPort != 0 && r.KVZmqPort != DefaultKVZmqPort {
-			return bad(CodeTRTLLMZmqPort, "kvZmqPort", "kvZmqPort is meaningless for kvEngineType \"trtllm\" (events are polled over HTTP from targetPort); remove it")
+			return bad(CodeTRTLLMZmqPort, "kvZmqPort", "kvZmqPort is meaningless for kvEngineType %q (events are polled over HTTP from targetPort); remove it", engine)
 		}
 		if r.KVDpRankCount > 1 {
-			return bad(CodeTRTLLMDpRankCount, "kvDpRankCount", "kvDpRankCount is meaningless for kvEngineType \"trtllm\" (one HTTP event stream per endpoint); remove it")
+			return bad(CodeTRTLLMDpRankCount, "kvDpRankCount", "kvDpRankCount is meaningless for kvEngineType %q (one HTTP event stream per endpoint); remove it", engine)
 		}
 	}
 	if r.KVBlockSize < 0 || r.KVBlockSize > MaxKVBlockSize {

@@ -106,6 +106,12 @@ func TestAdmitRules(t *testing.T) {
 		{name: "weight max", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].Weight = intp(1000) }},
 		{name: "ep role 3", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].EPRole = 3 }, wantCode: CodeEndpointRole, wantField: "endpoints[0].ep_role"},
 		{name: "nixl port out of range", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].NixlPort = 70000 }, wantCode: CodeEndpointNixlPort},
+		{name: "nixl port on a vLLM P/D rule", base: pdRule, mutate: func(r *Rule) {
+			r.KVEngineType = "vllm"
+			r.Endpoints[0].NixlPort, r.Endpoints[1].NixlPort = 9001, 9002
+		}},
+		{name: "nixl port on a plain rule is refused", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].NixlPort = 9001 }, wantCode: CodeEndpointNixlPort},
+		{name: "nixl port on an SGLang P/D rule is refused", base: pdRule, mutate: func(r *Rule) { r.Endpoints[0].NixlPort = 9001 }, wantCode: CodeEndpointNixlPort},
 		{name: "endpoint bootstrap port on vllm", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].BootstrapPort = 9000 }, wantCode: CodeEndpointBootstrap},
 		{name: "endpoint bootstrap port on decode", base: pdRule, mutate: func(r *Rule) { r.Endpoints[1].BootstrapPort = 9000 }, wantCode: CodeEndpointBootstrap, wantField: "endpoints[1].bootstrapPort"},
 		{name: "endpoint bootstrap port on sglang prefill", base: pdRule, mutate: func(r *Rule) { r.Endpoints[0].BootstrapPort = 9000 }},

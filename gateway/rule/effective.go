@@ -4,17 +4,18 @@ import (
 	"net"
 	"strconv"
 	"time"
+
+	"github.com/llmgw/llmgw/engines"
 )
 
 // Defaults resolved by Effective. They are exported so that the gateway's
 // runtime and documentation quote one source.
 const (
-	DefaultKVBlockSize     = 16
-	DefaultKVZmqPort       = 5557
-	DefaultKVDpRankCount   = 1
-	DefaultPDBootstrapPort = 8998
-	DefaultKVHashSeed      = "0"
-	DefaultKVEngineType    = "vllm"
+	DefaultKVBlockSize   = 16
+	DefaultKVZmqPort     = 5557
+	DefaultKVDpRankCount = 1
+	DefaultKVHashSeed    = "0"
+	DefaultKVEngineType  = string(engines.VLLM)
 
 	DefaultCBFailures       = 5
 	DefaultCBFailuresPD     = 3
@@ -42,19 +43,15 @@ const (
 )
 
 // DefaultHashAlgo returns the block-hash algorithm an engine uses when the
-// rule does not name one: sha256_cbor for vLLM (and ""), sha256_sglang for
-// SGLang, blockhash_trtllm for TensorRT-LLM. It returns "" for llama.cpp and
-// for unknown engines, which have no KV event plane.
+// rule does not name one: its adapter's KV().HashAlgo ("" means the default
+// engine). It returns "" for engines without a KV event plane (llama.cpp)
+// and for unknown engines.
 func DefaultHashAlgo(engine string) string {
-	switch engine {
-	case "", "vllm":
-		return "sha256_cbor"
-	case "sglang":
-		return "sha256_sglang"
-	case "trtllm":
-		return "blockhash_trtllm"
+	a := adapterFor(engine)
+	if a == nil || a.KV() == nil {
+		return ""
 	}
-	return ""
+	return a.KV().HashAlgo
 }
 
 // EndpointID returns the default id of an endpoint: "<endpointIP>:<targetPort>"
@@ -103,7 +100,8 @@ func (r *Rule) Clone() *Rule {
 // rule are safe as long as nobody writes to it.
 //
 // Defaults that only make sense for one engine or topology are resolved only
-// there: pdBootstrapPort for SGLang P/D rules, kvHashAlgo for engines with a
+// there: pdBootstrapPort for P/D rules of engines with a bootstrap port
+// (SGLang), kvHashAlgo for engines with a
 // KV event plane, 3 breaker failures (instead of 5) on P/D rules.
 func (r *Rule) Effective() *Rule {
 	if r == nil {
@@ -132,8 +130,10 @@ func (r *Rule) Effective() *Rule {
 	if e.KVDpRankCount == 0 {
 		e.KVDpRankCount = DefaultKVDpRankCount
 	}
-	if e.PDBootstrapPort == 0 && e.PDDisaggMode && e.KVEngineType == "sglang" {
-		e.PDBootstrapPort = DefaultPDBootstrapPort
+	if e.PDBootstrapPort == 0 && e.PDDisaggMode {
+		if a := adapterOf(e); a != nil && a.PD() != nil {
+			e.PDBootstrapPort = a.PD().BootstrapPort() // 0 for engines without one
+		}
 	}
 	if e.SessionTTL == 0 {
 		e.SessionTTL = Duration(DefaultSessionTTL)
@@ -206,9 +206,6 @@ func (r *Rule) Effective() *Rule {
 		if ep.Weight == nil {
 			w := DefaultWeight
 			ep.Weight = &w
-		}
-		if ep.NixlPort == 0 {
-			ep.NixlPort = ep.TargetPort
 		}
 	}
 	return e
