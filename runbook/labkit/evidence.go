@@ -341,6 +341,12 @@ func (ws *Witnesses) Servers(before, after map[string]Reading, rid string) []str
 // source to show the request; the result may still be empty (nobody served
 // it) or hold several workers (the caller decides what that proves).
 func (ws *Witnesses) Observe(ctx context.Context, rid string, timeout time.Duration, send func() error) ([]string, error) {
+	return ws.ObserveUntil(ctx, rid, timeout, send, func(got []string) bool { return len(got) > 0 })
+}
+
+// ObserveUntil is Observe waiting until enough holds for the workers seen
+// so far (a P/D request shows on a prefill and a decode).
+func (ws *Witnesses) ObserveUntil(ctx context.Context, rid string, timeout time.Duration, send func() error, enough func([]string) bool) ([]string, error) {
 	before, err := ws.Snapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -357,7 +363,7 @@ func (ws *Witnesses) Observe(ctx context.Context, rid string, timeout time.Durat
 			return false, "", err
 		}
 		got = ws.Servers(before, after, rid)
-		return len(got) > 0, fmt.Sprintf("no worker's evidence source shows request %s", rid), nil
+		return enough(got), fmt.Sprintf("evidence sources show request %s on %v", rid, got), nil
 	})
 	switch {
 	case readErr != nil:

@@ -38,6 +38,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // the adapters the lab asks
 	"log/slog"
 	"net/http"
 	"slices"
@@ -101,6 +103,9 @@ type Options struct {
 	// embedded gateway on loopback ports.
 	GatewayAdmin string
 	GatewayToken string
+	// GatewayTokenFile is the file GatewayToken was read from; its path
+	// (never the token) goes into the ownership ledger for `llmgw cleanup`.
+	GatewayTokenFile string
 	// HealthTimeout bounds the wait for healthy workers; 0 means 60 s.
 	HealthTimeout time.Duration
 	// ReadyTimeout bounds waits for gateway-side conditions; 0 means 20 s.
@@ -236,6 +241,11 @@ type state struct {
 
 	// delivered are the request ids of the deliver step, by kind.
 	delivered map[string]string
+
+	// adapter is the engine's contract; wit the workers' evidence sources
+	// (chosen in the direct step; see evidence.go).
+	adapter engines.Adapter
+	wit     *labkit.Witnesses
 }
 
 func (s *state) byRole(role string) []Worker {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,7 +25,7 @@ type RunbookPDOptions struct {
 	Launcher         string
 	PrefillEndpoints string
 	DecodeEndpoints  string
-	BootstrapPort    int
+	BootstrapPort    string
 	Gateway          string
 	GatewayTokenFile string
 	Out              string
@@ -92,7 +93,7 @@ Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
 	f.StringVar(&opts.PrefillEndpoints, "prefill-endpoints", "", "attach: running prefill workers as host:port,...")
 	f.StringVar(&opts.DecodeEndpoints, "decode-endpoints", "", "attach: running decode workers as host:port,...")
-	f.IntVar(&opts.BootstrapPort, "bootstrap-port", 0, "attach, sglang: the prefills' bootstrap port when they do not report it (default 8998)")
+	f.StringVar(&opts.BootstrapPort, "bootstrap-port", "", "attach, sglang: the prefills' bootstrap port when they do not report it, one for all or one per --prefill-endpoints entry (P or P1,P2,...; default 8998)")
 	addLabFlags(f, &opts.Gateway, &opts.GatewayTokenFile, &opts.Out)
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s)")
 	addLabLogFlag(f, &opts.LogLevel)
@@ -109,7 +110,7 @@ func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
 		Engine: o.Engine, Profile: o.Profile, KVExact: o.KVExact, Prefill: o.Prefill, Decode: o.Decode, GatewayAdmin: o.Gateway,
 		HealthTimeout: o.HealthTimeout, Logger: logger,
 	}
-	if (o.PrefillEndpoints != "" || o.DecodeEndpoints != "" || o.BootstrapPort != 0) && o.Launcher != results.LauncherAttach {
+	if (o.PrefillEndpoints != "" || o.DecodeEndpoints != "" || o.BootstrapPort != "") && o.Launcher != results.LauncherAttach {
 		return nil, usageErrorf("--prefill-endpoints, --decode-endpoints and --bootstrap-port need --launcher attach (got --launcher %s)", o.Launcher)
 	}
 	switch o.Launcher {
@@ -130,17 +131,34 @@ func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
 		if err != nil {
 			return nil, usageErrorf("--decode-endpoints: %v", err)
 		}
-		if o.BootstrapPort < 0 || o.BootstrapPort > 65535 {
-			return nil, usageErrorf("--bootstrap-port %d: want 1..65535", o.BootstrapPort)
+		att := &pd.Attach{Prefill: pe, Decode: de}
+		if o.BootstrapPort != "" {
+			var ports []int
+			for _, f := range strings.Split(o.BootstrapPort, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(f))
+				if err != nil || n < 1 || n > 65535 {
+					return nil, usageErrorf("--bootstrap-port %q: want a port 1..65535, or one per --prefill-endpoints entry", o.BootstrapPort)
+				}
+				ports = append(ports, n)
+			}
+			switch len(ports) {
+			case 1:
+				att.BootstrapPort = ports[0]
+			case len(pe):
+				att.BootstrapPorts = ports
+			default:
+				return nil, usageErrorf("--bootstrap-port lists %d ports for %d --prefill-endpoints (give one for all, or one each)", len(ports), len(pe))
+			}
 		}
 		po.Prefill, po.Decode = len(pe), len(de)
-		po.Launcher = &pd.Attach{Prefill: pe, Decode: de, BootstrapPort: o.BootstrapPort}
+		po.Launcher = att
 	default:
 		return nil, usageErrorf("--launcher %q: valid launchers are %s", o.Launcher, strings.Join(launcherNames, ", "))
 	}
 	if po.GatewayToken, err = labGatewayToken(o.Gateway, o.GatewayTokenFile); err != nil {
 		return nil, err
 	}
+	po.GatewayTokenFile = o.GatewayTokenFile
 	if err := labValidated(po.Validate(), pd.ErrInvalid); err != nil {
 		return nil, err
 	}
