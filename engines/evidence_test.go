@@ -54,3 +54,13 @@ func FuzzParseSlotsTask(f *testing.F) {
 		}
 	})
 }
+
+func FuzzOpenAICachedTokens(f *testing.F) {
+	f.Add([]byte(`{"usage":{"prompt_tokens_details":{"cached_tokens":32}}}`))
+	f.Add([]byte(`{"usage":null}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if n, ok := OpenAICachedTokens(b); !ok && n != 0 {
+			t.Fatalf("no report but n=%d", n)
+		}
+	})
+}

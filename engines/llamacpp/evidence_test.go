@@ -23,3 +23,13 @@ func TestCachedTokens(t *testing.T) {
 		})
 	}
 }
+
+func FuzzCachedTokens(f *testing.F) {
+	f.Add([]byte(`{"timings":{"cache_n":24,"prompt_n":5}}`))
+	f.Add([]byte(`{"timings":{"prompt_n":29}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if n, ok := (Adapter{}).CachedTokens(b); !ok && n != 0 {
+			t.Fatalf("no report but n=%d", n)
+		}
+	})
+}
