@@ -10,6 +10,7 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/results"
+	"github.com/llmgw/llmgw/runbook/gates"
 	"github.com/llmgw/llmgw/runbook/labkit"
 	"github.com/llmgw/llmgw/runbook/launcher"
 )
@@ -86,6 +87,9 @@ func TestAttachReceiptlessSims(t *testing.T) {
 			}
 			if tc.mode == "exact" && src["cache"] != labkit.SourceUsage {
 				t.Errorf("cache lane source = %q; want %s", src["cache"], labkit.SourceUsage)
+			}
+			if tc.mode == "exact" && src["parity"] != gates.SourceKVEvents {
+				t.Errorf("parity lane source = %q; want %s", src["parity"], gates.SourceKVEvents)
 			}
 			if os.Getenv("V") != "" {
 				t.Log(stepLine(rep), src)
