@@ -357,7 +357,8 @@ func runCase(ctx context.Context, o *Options, c Case, store *results.Store, outD
 	switch c.Topology {
 	case "pd":
 		po := &pd.Options{Engine: c.Engine, Profile: c.Profile, KVExact: c.Mode == "exact", Catalog: o.Catalog,
-			Launcher: o.pdLauncher(), HealthTimeout: o.HealthTimeout, ReadyTimeout: o.ReadyTimeout, StepHook: hook, Logger: o.logger()}
+			Launcher: o.pdLauncher(), HealthTimeout: o.HealthTimeout, ReadyTimeout: o.ReadyTimeout, StepHook: hook, Logger: o.logger(),
+			AcceptVersionMismatch: o.AcceptVersionMismatch}
 		if o.Launcher == results.LauncherAttach {
 			po.Prefill, po.Decode = len(o.PrefillEndpoints), len(o.DecodeEndpoints)
 		}

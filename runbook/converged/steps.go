@@ -98,19 +98,8 @@ func (s *state) launch(ctx context.Context, r *runbook.Run) runbook.Outcome {
 		return labkit.WithEvidence(fail, out)
 	}
 	out = out.With("versions.json", labkit.MustJSON(vc))
-	out.Reason = fmt.Sprintf("%d workers healthy and serving %s (%s); %s", len(ws), s.spec.Model, ws[0].Owner, versionNote(vc))
+	out.Reason = fmt.Sprintf("%d workers healthy and serving %s (%s); %s", len(ws), s.spec.Model, ws[0].Owner, vc.Note())
 	return out
-}
-
-// versionNote says what the workers reported beside the catalog.
-func versionNote(vc labkit.VersionCheck) string {
-	switch {
-	case len(vc.Reported) == 0:
-		return fmt.Sprintf("workers report no version (catalog %s)", vc.Catalog)
-	case vc.Mismatch:
-		return fmt.Sprintf("workers report version %s, catalog %s: MISMATCH accepted", vc.Joined(), vc.Catalog)
-	}
-	return fmt.Sprintf("workers report version %s, as the catalog", vc.Joined())
 }
 
 func (s *state) stopWorkers(ctx context.Context) error {

@@ -27,6 +27,8 @@ type VersionCheck struct {
 	Reported []string `json:"reported"`
 	// Mismatch: some worker reported a version other than the catalog's.
 	Mismatch bool `json:"mismatch"`
+	// Simulated: the workers are simulators (their version is a persona's).
+	Simulated bool `json:"simulated,omitempty"`
 }
 
 // Joined is the reported versions joined by "," ("" when none reported).
@@ -79,8 +81,13 @@ func CheckVersions(ctx context.Context, c *http.Client, ws []runbook.Worker, a e
 // false when the step must end with the returned outcome.
 func RecordVersions(ctx context.Context, r *runbook.Run, c *http.Client, ws []runbook.Worker, a engines.Adapter, catalog string, simulated, accept bool) (VersionCheck, runbook.Outcome, bool) {
 	vc := CheckVersions(ctx, c, ws, a, catalog)
+	if simulated {
+		// A simulator reports its persona's version: recorded, but it says
+		// nothing about an engine build, so it is never a row's mismatch.
+		vc.Simulated = true
+	}
 	if r.Writer != nil {
-		if err := r.Writer.SetWorkerVersion(vc.Joined(), vc.Mismatch); err != nil {
+		if err := r.Writer.SetWorkerVersion(vc.Joined(), vc.Mismatch && !simulated); err != nil {
 			return vc, runbook.Fail("RESULTS_WRITE_FAILED", "record worker version: %v", err), false
 		}
 	}
@@ -89,4 +96,17 @@ func RecordVersions(ctx context.Context, r *runbook.Run, c *http.Client, ws []ru
 			a.Display(), vc.Joined(), catalog).With("versions.json", MustJSON(vc)), false
 	}
 	return vc, runbook.Outcome{}, true
+}
+
+// Note says what the workers reported beside the catalog, for a step reason.
+func (v VersionCheck) Note() string {
+	switch {
+	case len(v.Reported) == 0:
+		return fmt.Sprintf("workers report no version (catalog %s)", v.Catalog)
+	case v.Simulated:
+		return fmt.Sprintf("simulated workers report their persona's version %s (catalog %s)", v.Joined(), v.Catalog)
+	case v.Mismatch:
+		return fmt.Sprintf("workers report version %s, catalog %s: MISMATCH accepted", v.Joined(), v.Catalog)
+	}
+	return fmt.Sprintf("workers report version %s, as the catalog", v.Joined())
 }

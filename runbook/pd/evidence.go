@@ -18,6 +18,21 @@ import (
 	"github.com/llmgw/llmgw/runbook/labkit"
 )
 
+// versions reads every worker's engine version beside the catalog's
+// (labkit.RecordVersions).
+func (s *state) versions(ctx context.Context, r *runbook.Run) (labkit.VersionCheck, runbook.Outcome, bool) {
+	a, err := engines.For(engines.Kind(s.o.Engine))
+	if err != nil {
+		return labkit.VersionCheck{}, runbook.Fail("NO_ADAPTER", "%v", err), false
+	}
+	ver, _ := s.o.Catalog.Versions().For(s.o.Engine)
+	ws := make([]runbook.Worker, len(s.workers))
+	for i, w := range s.workers {
+		ws[i] = w.Worker
+	}
+	return labkit.RecordVersions(ctx, r, s.client, ws, a, ver.Version, s.o.Launcher.Simulated(), s.o.AcceptVersionMismatch)
+}
+
 // directLeg is one leg of a direct (gateway-free) P/D probe, as evidence.
 type directLeg struct {
 	Worker   string          `json:"worker"`

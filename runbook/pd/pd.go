@@ -115,6 +115,9 @@ type Options struct {
 	// StepHook is called before each step runs (tests cancel the context
 	// from it, as Ctrl-C would).
 	StepHook func(step string)
+	// AcceptVersionMismatch lets a run go on when real workers report an
+	// engine version other than the catalog tuple's (recorded on the row).
+	AcceptVersionMismatch bool
 	// Logger receives the embedded gateway's logs; nil discards them.
 	Logger *slog.Logger
 }

@@ -80,8 +80,13 @@ func (s *state) launch(ctx context.Context, r *runbook.Run) runbook.Outcome {
 		}
 	}
 	out = out.With("health.json", labkit.MustJSON(report))
-	return labkit.WithEvidence(runbook.Pass("%d prefill (%s) and %d decode (%s) workers healthy and serving %s", o.Prefill, strings.Join(s.ids(RolePrefill), ","),
-		o.Decode, strings.Join(s.ids(RoleDecode), ","), s.spec.Model), out)
+	vc, fail, ok := s.versions(ctx, r)
+	if !ok {
+		return labkit.WithEvidence(fail, out)
+	}
+	out = out.With("versions.json", labkit.MustJSON(vc))
+	return labkit.WithEvidence(runbook.Pass("%d prefill (%s) and %d decode (%s) workers healthy and serving %s; %s", o.Prefill, strings.Join(s.ids(RolePrefill), ","),
+		o.Decode, strings.Join(s.ids(RoleDecode), ","), s.spec.Model, vc.Note()), out)
 }
 
 func (s *state) stopWorkers(ctx context.Context) error {

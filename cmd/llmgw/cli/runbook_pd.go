@@ -16,21 +16,22 @@ import (
 
 // RunbookPDOptions are the inputs of `llmgw runbook pd`.
 type RunbookPDOptions struct {
-	IO               *IOStreams
-	Engine           string
-	Profile          string
-	KVExact          bool
-	Prefill          int
-	Decode           int
-	Launcher         string
-	PrefillEndpoints string
-	DecodeEndpoints  string
-	BootstrapPort    string
-	Gateway          string
-	GatewayTokenFile string
-	Out              string
-	HealthTimeout    time.Duration
-	LogLevel         string
+	IO                    *IOStreams
+	Engine                string
+	Profile               string
+	KVExact               bool
+	Prefill               int
+	Decode                int
+	Launcher              string
+	PrefillEndpoints      string
+	DecodeEndpoints       string
+	BootstrapPort         string
+	AcceptVersionMismatch bool
+	Gateway               string
+	GatewayTokenFile      string
+	Out                   string
+	HealthTimeout         time.Duration
+	LogLevel              string
 }
 
 // withRunbookPD adds the pd subcommand to the runbook command.
@@ -96,6 +97,7 @@ Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 	f.StringVar(&opts.BootstrapPort, "bootstrap-port", "", "attach, sglang: the prefills' bootstrap port when they do not report it, one for all or one per --prefill-endpoints entry (P or P1,P2,...; default 8998)")
 	addLabFlags(f, &opts.Gateway, &opts.GatewayTokenFile, &opts.Out)
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s)")
+	f.BoolVar(&opts.AcceptVersionMismatch, "accept-version-mismatch", false, "qualify real workers that report an engine version other than the catalog tuple's (the mismatch stays on the row)")
 	addLabLogFlag(f, &opts.LogLevel)
 	return cmd
 }
@@ -108,7 +110,7 @@ func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
 	}
 	po := &pd.Options{
 		Engine: o.Engine, Profile: o.Profile, KVExact: o.KVExact, Prefill: o.Prefill, Decode: o.Decode, GatewayAdmin: o.Gateway,
-		HealthTimeout: o.HealthTimeout, Logger: logger,
+		HealthTimeout: o.HealthTimeout, Logger: logger, AcceptVersionMismatch: o.AcceptVersionMismatch,
 	}
 	if (o.PrefillEndpoints != "" || o.DecodeEndpoints != "" || o.BootstrapPort != "") && o.Launcher != results.LauncherAttach {
 		return nil, usageErrorf("--prefill-endpoints, --decode-endpoints and --bootstrap-port need --launcher attach (got --launcher %s)", o.Launcher)
