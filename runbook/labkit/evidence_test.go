@@ -140,3 +140,46 @@ func FuzzParseDecisions(f *testing.F) {
 		}
 	})
 }
+
+// TestRecordVersions: the workers' own version stands beside the catalog's;
+// a mismatch on real workers fails unless accepted, on simulators it is
+// recorded and never refused.
+func TestRecordVersions(t *testing.T) {
+	cases := []struct {
+		name              string
+		version           string // what /version answers ("" → 404)
+		simulated, accept bool
+		wantOK, mismatch  bool
+		wantCode          string
+	}{
+		{"same", "0.31.0", false, false, true, false, ""},
+		{"mismatch refused", "0.30.1", false, false, false, true, "ENGINE_VERSION_MISMATCH"},
+		{"mismatch accepted", "0.30.1", false, true, true, true, ""},
+		{"simulated persona", "0.26.0", true, false, true, true, ""},
+		{"no version endpoint answer", "", false, false, true, false, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/version" || tc.version == "" {
+					http.NotFound(w, r)
+					return
+				}
+				_, _ = w.Write([]byte(`{"version":"` + tc.version + `"}`))
+			}))
+			defer srv.Close()
+			a, err := engines.For(engines.VLLM)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ws := []runbook.Worker{{ID: "w1", HTTP: strings.TrimPrefix(srv.URL, "http://")}, {ID: "w2", HTTP: strings.TrimPrefix(srv.URL, "http://")}}
+			vc, out, ok := RecordVersions(t.Context(), &runbook.Run{}, srv.Client(), ws, a, "0.31.0", tc.simulated, tc.accept)
+			if ok != tc.wantOK || vc.Mismatch != tc.mismatch || out.Code != tc.wantCode {
+				t.Fatalf("ok %v mismatch %v code %q; want %v %v %q (%+v)", ok, vc.Mismatch, out.Code, tc.wantOK, tc.mismatch, tc.wantCode, vc)
+			}
+			if tc.version != "" && vc.Joined() != tc.version {
+				t.Errorf("reported %q; want %q", vc.Joined(), tc.version)
+			}
+		})
+	}
+}
