@@ -24,6 +24,9 @@ type Evidence struct {
 	Slots string
 	// SlotsFlag is the launch flag that switches Slots on ("" when always on).
 	SlotsFlag string
+	// CacheReportFlag is the launch flag that makes answers report cached
+	// prompt tokens ("" when always reported, or not established).
+	CacheReportFlag string
 }
 
 // EvidenceReader is implemented by the adapters that state their Evidence

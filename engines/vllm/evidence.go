@@ -4,8 +4,11 @@ import "github.com/llmgw/llmgw/engines"
 
 // Evidence: every finished request raises vllm:request_success_total
 // (vllm/v1/metrics/loggers.py); /metrics is always served.
+// CacheReportFlag is the launch flag after which answers carry
+// usage.prompt_tokens_details.cached_tokens (seen in public launch scripts
+// and docs, not pinned to an engine source commit).
 func (*Adapter) Evidence() engines.Evidence {
-	return engines.Evidence{WorkCounter: "vllm:request_success_total"}
+	return engines.Evidence{WorkCounter: "vllm:request_success_total", CacheReportFlag: "--enable-prompt-tokens-details"}
 }
 
 // CachedTokens: usage.prompt_tokens_details.cached_tokens, which vLLM fills

@@ -222,6 +222,15 @@ func (s *state) send(ctx context.Context, rid, prompt string) (routed, labkit.Ex
 	return rt, ex, nil
 }
 
+// cacheReportFix names the launch flag that makes the engine report cached
+// tokens, when its adapter knows one.
+func (s *state) cacheReportFix() string {
+	if ev, ok := engines.EvidenceOf(s.adapter); ok && ev.Evidence().CacheReportFlag != "" {
+		return fmt.Sprintf(": start %s with %s", s.adapter.Display(), ev.Evidence().CacheReportFlag)
+	}
+	return ""
+}
+
 // cachedTokens reads the engine-reported cached tokens through the adapter.
 func (s *state) cachedTokens(body []byte) (int, bool) {
 	if ev, ok := engines.EvidenceOf(s.adapter); ok {
@@ -430,7 +439,7 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 			return labkit.WithEvidence(runbook.Fail("ROUTING_NO_KV_HIT", "KV-exact: follow-up %s routed by %q, want a kv-exact hit", x.RID, x.Route), out)
 		}
 		if x.Cached < 0 {
-			return labkit.WithEvidence(runbook.Blocked("engine_cache_unreported", "KV-exact: follow-up %s: the %s answer reports no cached tokens, so cache reuse cannot be shown", x.RID, s.adapter.Display()), out).
+			return labkit.WithEvidence(runbook.Blocked("engine_cache_unreported", "KV-exact: follow-up %s: the %s answer reports no cached tokens, so cache reuse cannot be shown%s", x.RID, s.adapter.Display(), s.cacheReportFix()), out).
 				From(runbook.LaneRoutingEvidence, s.evidenceSource(checked > 0)).From(runbook.LaneCacheReuse, "none")
 		}
 		recCached := x.Cached

@@ -24,7 +24,13 @@ const (
 	// one receipt per request, correlated by request id.
 	SourceReceipts = "sim_receipts"
 	// SourceMetrics: an engine-native Prometheus work counter, read before
-	// and after each request (the lab sends one request at a time).
+	// and after each request (the lab sends one request at a time). A
+	// counter cannot tell whose request it counted, so this proof holds
+	// only while the lab's traffic is the only traffic on the workers
+	// (attach dedicated workers): foreign traffic shows up as work on more
+	// than one worker and fails the lane rather than passing it, except
+	// when the lab's request went to no witnessed worker at all while the
+	// named one served someone else.
 	SourceMetrics = "engine_metrics"
 	// SourceSlots: llama.cpp's /slots, whose largest id_task rises with
 	// every completion.
