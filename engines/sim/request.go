@@ -31,9 +31,9 @@ type genRequest struct {
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	// IgnoreEOS (vLLM, TensorRT-LLM and llama.cpp accept it at the top
 	// level) makes generation run to max_tokens.
-	IgnoreEOS *bool `json:"ignore_eos"`
-	User                *string         `json:"user"`
-	Metadata            json.RawMessage `json:"metadata"`
+	IgnoreEOS *bool           `json:"ignore_eos"`
+	User      *string         `json:"user"`
+	Metadata  json.RawMessage `json:"metadata"`
 
 	// vLLM NIXL P/D.
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
