@@ -540,8 +540,14 @@ func (s *Sim) writeSlot(w *jw, id int, busy bool) {
 		kint("n_remain", -1).kint("n_decoded", 0).kstr("stopping_word", "").end().end()
 }
 
+// llamaServeSlots is GET /slots; with ?fail_on_no_slot it answers 503 "no
+// slot available" when every slot is busy (checked against the same build).
 func (s *Sim) llamaServeSlots(ctx *fasthttp.RequestCtx) {
 	busy := int(s.running.Load())
+	if ctx.QueryArgs().Has("fail_on_no_slot") && busy >= s.llamaSlots() {
+		s.writeError(ctx, nil, fasthttp.StatusServiceUnavailable, "no slot available", false)
+		return
+	}
 	w := &jw{}
 	w.arr()
 	for i := 0; i < s.llamaSlots(); i++ {
