@@ -126,9 +126,5 @@ func (s *Sim) notFound(ctx *fasthttp.RequestCtx) {
 func (s *Sim) methodNotAllowed(ctx *fasthttp.RequestCtx) {
 	ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
 	ctx.SetContentType("application/json")
-	if s.cfg.Engine == engines.LlamaCpp {
-		ctx.SetBodyString(`{"error":{"code":405,"message":"Method Not Allowed","type":"invalid_request_error"}}`)
-		return
-	}
 	ctx.SetBodyString(`{"detail":"Method Not Allowed"}`)
 }

@@ -159,12 +159,7 @@ func (s *Sim) renderMetrics() []byte {
 		p.counter("trtllm_request_success", "Count of successfully processed requests.", float64(m.success[0].Load()+m.success[1].Load()))
 		p.ttft(s, "trtllm_time_to_first_token_seconds")
 	case engines.LlamaCpp:
-		p.labels = ""
-		p.counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.", float64(m.promptTokens.Load()))
-		p.counter("llamacpp:tokens_predicted", "Number of generation tokens processed.", float64(m.generationTokens.Load()))
-		p.gauge("llamacpp:requests_processing", "Number of requests processing.", running)
-		p.gauge("llamacpp:requests_deferred", "Number of requests deferred.", waiting)
-		p.gauge("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", usage)
+		s.appendLlamaMetrics(p)
 	}
 	return p.b
 }

@@ -155,66 +155,6 @@ func trtRole(role string) string {
 	return "converged"
 }
 
-func (s *Sim) routeLlama(ctx *fasthttp.RequestCtx, path string) {
-	switch path {
-	case "/health", "/v1/health":
-		s.onlyGet(ctx, func() {
-			ctx.SetContentType("application/json")
-			if s.loading() || s.faults.healthFail() {
-				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-				ctx.SetBody(s.errorBody(fasthttp.StatusServiceUnavailable, "Loading model", false))
-				return
-			}
-			ctx.SetBodyString(`{"status":"ok"}`)
-		})
-	case "/v1/chat/completions", "/chat/completions":
-		s.onlyPost(ctx, func() { s.serveGen(ctx, apiChat) })
-	case "/v1/completions":
-		s.onlyPost(ctx, func() { s.serveGen(ctx, apiCompletion) })
-	case "/completion", "/completions":
-		s.onlyPost(ctx, func() { s.serveGen(ctx, apiLlama) })
-	case "/v1/models", "/models":
-		s.onlyGet(ctx, func() { s.serveModels(ctx, "llamacpp") })
-	case "/tokenize":
-		s.onlyPost(ctx, func() { s.serveTokenizeLlama(ctx) })
-	case "/detokenize":
-		s.onlyPost(ctx, func() { s.serveDetokenize(ctx, "content") })
-	case "/slots":
-		s.onlyGet(ctx, func() { s.serveSlots(ctx) })
-	case "/props":
-		s.onlyGet(ctx, func() {
-			w := &jw{}
-			w.obj().key("default_generation_settings").obj().kint("n_ctx", maxModelLen).key("params").obj().kint("n_predict", -1).kint("seed", s.cfg.Seed).end().end().
-				kint("total_slots", int64(s.llamaSlots())).kstr("model_path", s.cfg.Model).kstr("chat_template", "chatml").
-				key("modalities").obj().kbool("vision", false).kbool("audio", false).end().
-				kstr("build_info", "b1-sim").kbool("is_sleeping", false).end()
-			ctx.SetContentType("application/json")
-			ctx.SetBody(w.b)
-		})
-	case "/metrics":
-		s.onlyGet(ctx, func() { s.serveMetrics(ctx) })
-	default:
-		s.notFound(ctx)
-	}
-}
-
-// llamaSlots is the number of llama.cpp slots: the concurrency limit, or 1.
-func (s *Sim) llamaSlots() int { return max(s.cfg.MaxConcurrency, 1) }
-
-func (s *Sim) serveSlots(ctx *fasthttp.RequestCtx) {
-	busy := int(s.running.Load())
-	w := &jw{}
-	w.arr()
-	for i := 0; i < s.llamaSlots(); i++ {
-		w.obj().kint("id", int64(i)).kint("id_task", -1).kint("n_ctx", maxModelLen).kbool("speculative", false).
-			kbool("is_processing", i < busy).key("params").obj().kint("n_predict", -1).end().
-			key("next_token").obj().kbool("has_next_token", i < busy).kint("n_remain", -1).end().end()
-	}
-	w.aend()
-	ctx.SetContentType("application/json")
-	ctx.SetBody(w.b)
-}
-
 func (s *Sim) onlyPost(ctx *fasthttp.RequestCtx, fn func()) {
 	if !ctx.IsPost() {
 		s.methodNotAllowed(ctx)
@@ -260,8 +200,6 @@ func (s *Sim) serveModels(ctx *fasthttp.RequestCtx, owner string) {
 			kstr("organization", "*").knull("group").kbool("is_blocking", false).end().aend()
 	case engines.SGLang:
 		w.kstr("root", s.cfg.Model).kint("max_model_len", maxModelLen)
-	case engines.LlamaCpp:
-		w.key("meta").obj().kint("n_ctx_train", maxModelLen).end()
 	}
 	w.end().aend().end()
 	ctx.SetContentType("application/json")
@@ -346,42 +284,6 @@ func (s *Sim) serveDetokenize(ctx *fasthttp.RequestCtx, key string) {
 	}
 	w := &jw{}
 	w.obj().kstr(key, s.tok.Decode(req.Tokens)).end()
-	ctx.SetContentType("application/json")
-	ctx.SetBody(w.b)
-}
-
-// serveTokenizeLlama is llama-server's POST /tokenize.
-func (s *Sim) serveTokenizeLlama(ctx *fasthttp.RequestCtx) {
-	var req struct {
-		Content    *string `json:"content"`
-		AddSpecial bool    `json:"add_special"`
-		WithPieces bool    `json:"with_pieces"`
-	}
-	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
-		s.writeError(ctx, nil, fasthttp.StatusBadRequest, "Failed to parse JSON: "+err.Error(), true)
-		return
-	}
-	if req.Content == nil {
-		s.writeError(ctx, nil, fasthttp.StatusBadRequest, `"content" must be provided`, true)
-		return
-	}
-	var ids []uint32
-	if req.AddSpecial {
-		ids = append(ids, s.bos...)
-	}
-	ids = s.tok.Encode(ids, *req.Content)
-	w := &jw{}
-	w.obj().key("tokens")
-	if req.WithPieces {
-		w.arr()
-		for _, id := range ids {
-			w.obj().kint("id", int64(id)).kstr("piece", s.tok.Decode([]uint32{id})).end()
-		}
-		w.aend()
-	} else {
-		w.ints(ids)
-	}
-	w.end()
 	ctx.SetContentType("application/json")
 	ctx.SetBody(w.b)
 }

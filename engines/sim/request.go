@@ -29,8 +29,11 @@ type genRequest struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stream              *bool           `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
-	User                *string         `json:"user"`
-	Metadata            json.RawMessage `json:"metadata"`
+	// IgnoreEOS (vLLM, TensorRT-LLM and llama.cpp accept it at the top
+	// level) makes generation run to max_tokens.
+	IgnoreEOS *bool           `json:"ignore_eos"`
+	User      *string         `json:"user"`
+	Metadata  json.RawMessage `json:"metadata"`
 
 	// vLLM NIXL P/D.
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
@@ -53,10 +56,13 @@ type genRequest struct {
 	RoutedDPRank     *int `json:"routed_dp_rank"`
 	DataParallelRank *int `json:"data_parallel_rank"`
 
-	// llama.cpp native /completion.
-	NPredict    *int  `json:"n_predict"`
-	CachePrompt *bool `json:"cache_prompt"`
-	IDSlot      *int  `json:"id_slot"`
+	// llama.cpp native /completion (seed and temperature are echoed in
+	// its generation settings).
+	NPredict    *int     `json:"n_predict"`
+	Seed        *int64   `json:"seed"`
+	Temperature *float64 `json:"temperature"`
+	CachePrompt *bool    `json:"cache_prompt"`
+	IDSlot      *int     `json:"id_slot"`
 }
 
 // streamOptions mirrors OpenAI's stream_options. A nil IncludeUsage means

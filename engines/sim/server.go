@@ -197,10 +197,6 @@ func badRequest(err error) *reqError {
 // serveGen serves one inference request of any API family.
 func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 	rec := s.newReceipt(ctx)
-	if s.cfg.Engine == engines.LlamaCpp && s.loading() {
-		s.writeError(ctx, &rec, fasthttp.StatusServiceUnavailable, "Loading model", false)
-		return
-	}
 	req, err := parseGenRequest(ctx.PostBody())
 	if err != nil {
 		s.writeError(ctx, &rec, fasthttp.StatusBadRequest, s.messageFor(err), true)
@@ -270,6 +266,10 @@ func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 		s.crashStream(ctx, job, out, chunks, crashAfter, release)
 		return
 	}
+	if s.llama != nil {
+		s.llamaStream(ctx, job, out, chunks, release)
+		return
+	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/event-stream; charset=utf-8")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
@@ -316,14 +316,18 @@ func (s *Sim) streamChunks(w *bufio.Writer, out *genOutcome, chunks []sseChunk, 
 // and the connection is closed without the terminating chunk.
 func (s *Sim) crashStream(ctx *fasthttp.RequestCtx, job *genJob, out *genOutcome, chunks []sseChunk, n int, release func()) {
 	job.rec.Crashed = true
+	head := fmt.Appendf(nil, "HTTP/1.1 200 OK\r\nServer: %s\r\nContent-Type: text/event-stream; charset=utf-8\r\nX-Request-Id: %s\r\nTransfer-Encoding: chunked\r\n\r\n",
+		serverName(s.cfg.Engine), job.requestID)
+	if s.llama != nil {
+		head = s.llama.streamHead(ctx)
+	}
 	ctx.HijackSetNoResponse(true)
 	s.wg.Add(1)
 	ctx.Hijack(func(c net.Conn) {
 		defer s.wg.Done()
 		defer release()
 		bw := bufio.NewWriter(c)
-		fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nServer: %s\r\nContent-Type: text/event-stream; charset=utf-8\r\nX-Request-Id: %s\r\nTransfer-Encoding: chunked\r\n\r\n",
-			serverName(s.cfg.Engine), job.requestID)
+		_, _ = bw.Write(head)
 		cw := &chunkedWriter{w: bw}
 		s.streamChunks(bufio.NewWriterSize(cw, 64), out, chunks, n)
 		_ = bw.Flush()

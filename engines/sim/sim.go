@@ -76,6 +76,7 @@ type Sim struct {
 	running atomic.Int64
 	waiting atomic.Int64
 	reqSeq  atomic.Uint64
+	started time.Time
 	ready   time.Time       // llama.cpp answers "Loading model" before this
 	llama   *llamaTransport // llama.cpp's connection behaviour; nil for other personas
 
@@ -134,7 +135,8 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 	}
 	s.addrs.HTTP = s.ln.Addr().String()
 	s.engineID = fmt.Sprintf("%s-sim-%s", cfg.Engine, portOf(s.addrs.HTTP))
-	s.ready = cfg.Clock().Add(cfg.LoadingFor)
+	s.started = cfg.Clock()
+	s.ready = s.started.Add(cfg.LoadingFor)
 
 	if err := s.startSidecars(); err != nil {
 		s.cancel()

@@ -18,14 +18,16 @@ import (
 // startSilent starts n simulators of engine that serve no /_sim/*
 // endpoints (as silent as a real engine) and returns their HTTP and KV
 // event addresses.
-func startSilent(t *testing.T, engine string, n int, events bool) (httpAddrs, eventAddrs []string) {
+func startSilent(t *testing.T, engine string, n int, events, metrics bool) (httpAddrs, eventAddrs []string) {
 	t.Helper()
 	kind, err := engines.ParseKind(engine)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < n; i++ {
-		cfg := sim.Config{Engine: kind, Silent: true, KVEvents: sim.KVEventsOff}
+		// EnableMetrics is llama-server's --metrics (other personas always
+		// serve /metrics).
+		cfg := sim.Config{Engine: kind, Silent: true, KVEvents: sim.KVEventsOff, EnableMetrics: metrics}
 		if events && (kind == engines.VLLM || kind == engines.SGLang) {
 			cfg.KVEvents = "tcp://127.0.0.1:0"
 		}
@@ -66,7 +68,7 @@ func TestAttachReceiptlessSims(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			eps, evs := startSilent(t, tc.engine, 3, tc.mode == "exact")
+			eps, evs := startSilent(t, tc.engine, 3, tc.mode == "exact", true)
 			att := &launcher.Attach{Endpoints: eps, Simulator: true}
 			if tc.mode == "exact" && tc.engine != "trtllm" {
 				att.Events = evs
@@ -95,5 +97,22 @@ func TestAttachReceiptlessSims(t *testing.T) {
 				t.Log(stepLine(rep), src)
 			}
 		})
+	}
+}
+
+// TestAttachReceiptlessNoMetrics: a llama-server started without --metrics
+// (and without --slots) leaves nothing to witness its work: the direct lane
+// still PASSes on the workers' own answers, the gateway lanes are BLOCKED
+// with the fix, and the run is BLOCKED, not FAIL.
+func TestAttachReceiptlessNoMetrics(t *testing.T) {
+	eps, _ := startSilent(t, "llamacpp", 3, false, false)
+	o := &Options{Engine: "llamacpp", Mode: "rr", Workers: 3, Launcher: &launcher.Attach{Endpoints: eps, Simulator: true}, HealthTimeout: 10 * time.Second, ReadyTimeout: 10 * time.Second}
+	rep, _, _ := run(t, t.Context(), o)
+	l := rep.Summary.Lanes
+	if rep.Summary.Verdict != results.StatusBlocked || l.DirectWorker != results.StatusPass || l.GatewayDelivery != results.StatusBlocked || l.RoutingEvidence != results.StatusBlocked {
+		t.Fatalf("verdict %s, lanes %+v; want BLOCKED with direct PASS, delivery and routing BLOCKED\n%s", rep.Summary.Verdict, l, stepLine(rep))
+	}
+	if rep.Summary.ReasonCode != "engine_metrics_disabled" || !strings.Contains(rep.Summary.Reason, "start llama.cpp with --metrics") {
+		t.Errorf("reason %s %q; want engine_metrics_disabled naming --metrics", rep.Summary.ReasonCode, rep.Summary.Reason)
 	}
 }

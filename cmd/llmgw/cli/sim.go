@@ -37,6 +37,9 @@ type SimOptions struct {
 	LoadingFor        time.Duration
 	IdleTimeout       time.Duration
 	NagleStall        bool
+	Metrics           bool
+	Slots             bool
+	Embeddings        bool
 }
 
 func newSimCmd(io *IOStreams) *cobra.Command {
@@ -102,6 +105,9 @@ Control endpoints on the HTTP address (none with --receipts=false):
 	f.BoolVar(&opts.Receipts, "receipts", true, "serve the /_sim/* control endpoints (receipts, faults, addresses); false makes the simulator as silent as a real engine")
 	f.DurationVar(&opts.LoadingFor, "loading-for", 0, `llama.cpp only: answer "Loading model" (503) for this long after start`)
 	f.DurationVar(&opts.IdleTimeout, "idle-timeout", 0, "llama.cpp only: close idle keep-alive connections after this long (0 = the engine's 5s)")
+	f.BoolVar(&opts.Metrics, "metrics", false, "llama.cpp only: serve /metrics, as llama-server --metrics (without it: 501); other personas always serve it")
+	f.BoolVar(&opts.Slots, "slots", false, "llama.cpp only: serve /slots, as llama-server --slots (without it: 501)")
+	f.BoolVar(&opts.Embeddings, "embeddings", false, "llama.cpp only: embeddings mode, as llama-server --embeddings --pooling mean (completions answer 501)")
 	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "llama.cpp only: on a reused connection send a non-streamed answer's body 44ms after its head, as llama-server does")
 	return cmd
 }
@@ -146,6 +152,9 @@ func simConfig(opts *SimOptions) (sim.Config, error) {
 		LoadingFor:        opts.LoadingFor,
 		IdleTimeout:       opts.IdleTimeout,
 		NagleStall:        opts.NagleStall,
+		EnableMetrics:     opts.Metrics,
+		EnableSlots:       opts.Slots,
+		Embeddings:        opts.Embeddings,
 	}, nil
 }
 
