@@ -9,8 +9,17 @@
 //     tuple ends here with its reason code, nothing launched
 //  2. launch workers    prefill p1..pN and decode d1..dM (SGLang prefills
 //     with their bootstrap servers); health and /v1/models wait
-//  3. prove direct inference  every worker answers a nonce request without
-//     the gateway, with its own receipt (direct-worker lane)
+//  3. prove direct inference  every worker answers without the gateway, as
+//     its role needs: each prefill is driven with a decode in the engine's
+//     own P/D shape through its adapter (vLLM hand-off then decode, SGLang
+//     both legs at once with a bootstrap triple, TensorRT-LLM context then
+//     generation); a simulator's receipt must record each leg
+//     (direct-worker lane). Each worker's evidence source is chosen here:
+//     its receipt log, else the engine-native counters its adapter names
+//  (6, 7, 9) without a receipt log each leg is attributed to the worker
+//     whose engine counter shows it; the hand-off step, which reads the
+//     legs' bodies, is then SKIPPED with the reason, and KV-exact cache
+//     reuse is BLOCKED engine_cache_unreported
 //  4. apply rule        pd_disagg_mode, ep_role 1/2, each SGLang prefill's
 //     bootstrapPort, kvExactMode 1 with the prefills' event streams
 //  5. read back         the effective rule equals the applied one; every
