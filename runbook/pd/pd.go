@@ -15,11 +15,11 @@
 //     both legs at once with a bootstrap triple, TensorRT-LLM context then
 //     generation); a simulator's receipt must record each leg
 //     (direct-worker lane). Each worker's evidence source is chosen here:
-//     its receipt log, else the engine-native counters its adapter names
-//  (6, 7, 9) without a receipt log each leg is attributed to the worker
-//     whose engine counter shows it; the hand-off step, which reads the
-//     legs' bodies, is then SKIPPED with the reason, and KV-exact cache
-//     reuse is BLOCKED engine_cache_unreported
+//     its receipt log, else the engine-native counters its adapter names;
+//     without a receipt log steps 6 and 9 attribute each leg to the worker
+//     whose engine counter shows it, step 7 (which reads the legs' bodies)
+//     is SKIPPED with the reason, and KV-exact cache reuse is BLOCKED
+//     engine_cache_unreported
 //  4. apply rule        pd_disagg_mode, ep_role 1/2, each SGLang prefill's
 //     bootstrapPort, kvExactMode 1 with the prefills' event streams
 //  5. read back         the effective rule equals the applied one; every
