@@ -54,17 +54,17 @@ func TestAttachReceiptlessSims(t *testing.T) {
 	cases := []struct {
 		name, engine, mode string
 		// wantSource is the evidence source the delivery and routing lanes
-		// must name.
-		wantSource string
+		// must name; wantCache the exact mode's cache lane source.
+		wantSource, wantCache string
 	}{
-		{"vllm rr", "vllm", "rr", "engine_metrics vllm:request_success_total"},
-		{"vllm exact", "vllm", "exact", "engine_metrics vllm:request_success_total"},
-		{"sglang rr", "sglang", "rr", "engine_metrics sglang:prompt_tokens_total"},
-		{"sglang exact", "sglang", "exact", "engine_metrics sglang:prompt_tokens_total"},
-		{"trtllm rr", "trtllm", "rr", "engine_metrics trtllm_request_success_total"},
-		{"trtllm exact", "trtllm", "exact", "engine_metrics trtllm_request_success_total"},
-		{"llamacpp rr", "llamacpp", "rr", "engine_metrics llamacpp:prompt_tokens_total"},
-		{"llamacpp chwbl", "llamacpp", "chwbl", "engine_metrics llamacpp:prompt_tokens_total"},
+		{"vllm rr", "vllm", "rr", "engine_metrics vllm:request_success_total", ""},
+		{"vllm exact", "vllm", "exact", "engine_metrics vllm:request_success_total", "engine_usage+engine_metrics vllm:prefix_cache_hits_total"},
+		{"sglang rr", "sglang", "rr", "engine_metrics sglang:prompt_tokens_total", ""},
+		{"sglang exact", "sglang", "exact", "engine_metrics sglang:prompt_tokens_total", "engine_usage"},
+		{"trtllm rr", "trtllm", "rr", "engine_metrics trtllm_request_success_total", ""},
+		{"trtllm exact", "trtllm", "exact", "engine_metrics trtllm_request_success_total", "engine_usage"},
+		{"llamacpp rr", "llamacpp", "rr", "engine_metrics llamacpp:prompt_tokens_total", ""},
+		{"llamacpp chwbl", "llamacpp", "chwbl", "engine_metrics llamacpp:prompt_tokens_total", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -87,8 +87,8 @@ func TestAttachReceiptlessSims(t *testing.T) {
 					t.Errorf("%s lane source = %q; want %s (no receipts)", lane, src[lane], tc.wantSource)
 				}
 			}
-			if tc.mode == "exact" && src["cache"] != labkit.SourceUsage {
-				t.Errorf("cache lane source = %q; want %s", src["cache"], labkit.SourceUsage)
+			if tc.mode == "exact" && src["cache"] != tc.wantCache {
+				t.Errorf("cache lane source = %q; want %s", src["cache"], tc.wantCache)
 			}
 			if tc.mode == "exact" && src["parity"] != gates.SourceKVEvents {
 				t.Errorf("parity lane source = %q; want %s", src["parity"], gates.SourceKVEvents)

@@ -403,6 +403,22 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	if err != nil {
 		return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_NO_INVENTORY", fmt.Errorf("the warmed worker's KV events never reached the gateway: %s: %w", why, err)), out.With("requests.json", labkit.MustJSON(rs)))
 	}
+	// The engine's own prefix-cache hit counter on the warmed worker, when
+	// its adapter names one: it must rise over the follow-ups.
+	hitsURL, hitsName := "", s.adapter.Metrics().PrefixHits
+	var wk runbook.Worker
+	for _, x := range s.workers {
+		if x.ID == w {
+			wk = x
+		}
+	}
+	if p := s.adapter.Surfaces().Metrics; p != "" && hitsName != "" && wk.HTTP != "" {
+		hitsURL = "http://" + wk.HTTP + p
+	}
+	hits0, hitsErr := 0.0, fmt.Errorf("no prefix-hit counter")
+	if hitsURL != "" {
+		hits0, hitsErr = labkit.ReadCounter(ctx, s.client, hitsURL, hitsName)
+	}
 	for i := 1; i <= 3; i++ {
 		rt, _, err := s.send(ctx, fmt.Sprintf("%s-exact-follow-%d", r.ID, i), prefix+fmt.Sprintf(" Follow-up question %d?", i))
 		rs = append(rs, rt)
@@ -450,6 +466,23 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 		if recCached <= warmCached || x.Cached <= warmCached {
 			return labkit.WithEvidence(runbook.Fail("CACHE_NOT_REUSED", "KV-exact: follow-up %s: engine cached tokens %d (%s) / %d (usage), warm request %d: no rise", x.RID, recCached, cacheSrc, x.Cached, warmCached), out)
 		}
+	}
+	if hitsErr == nil {
+		// Counters may be updated a little after the answer: wait for the
+		// rise rather than read once.
+		var hits1 float64
+		_, werr := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
+			v, err := labkit.ReadCounter(ctx, s.client, hitsURL, hitsName)
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			hits1 = v
+			return v > hits0, fmt.Sprintf("%s %v → %v", hitsName, hits0, v), nil
+		})
+		if werr != nil {
+			return labkit.WithEvidence(runbook.Fail("CACHE_NOT_REUSED", "KV-exact: the warmed worker %s's %s did not rise over 3 same-prefix follow-ups (%v → %v)", w, hitsName, hits0, hits1), out)
+		}
+		cacheSrc += "+" + labkit.SourceMetrics + " " + hitsName
 	}
 	st, raw, err := s.admin.Rule(ctx, s.ruleName)
 	out = out.With("status-after.json", raw)

@@ -100,21 +100,28 @@ type metricsWitness struct {
 
 func (m metricsWitness) Source() string { return SourceMetrics + " " + m.counter }
 func (m metricsWitness) Read(ctx context.Context) (Reading, error) {
-	ex, err := Do(ctx, m.c, http.MethodGet, m.url, nil, nil)
+	v, err := ReadCounter(ctx, m.c, m.url, m.counter)
+	return Reading{Work: v}, err
+}
+
+// ReadCounter reads Prometheus series name (summed over its labels) from
+// the metrics page at url.
+func ReadCounter(ctx context.Context, c *http.Client, url, name string) (float64, error) {
+	ex, err := Do(ctx, c, http.MethodGet, url, nil, nil)
 	if err != nil {
-		return Reading{}, err
+		return 0, err
 	}
 	if ex.Status != http.StatusOK {
-		return Reading{}, fmt.Errorf("labkit: GET %s answered %d", m.url, ex.Status)
+		return 0, fmt.Errorf("labkit: GET %s answered %d", url, ex.Status)
 	}
-	v, ok, err := ParseCounter([]byte(ex.Body), m.counter)
+	v, ok, err := ParseCounter([]byte(ex.Body), name)
 	if err != nil {
-		return Reading{}, fmt.Errorf("labkit: GET %s: %w", m.url, err)
+		return 0, fmt.Errorf("labkit: GET %s: %w", url, err)
 	}
 	if !ok {
-		return Reading{}, fmt.Errorf("labkit: GET %s: no series %s", m.url, m.counter)
+		return 0, fmt.Errorf("labkit: GET %s: no series %s", url, name)
 	}
-	return Reading{Work: v}, nil
+	return v, nil
 }
 
 type slotsWitness struct {
