@@ -2,6 +2,7 @@ package engines
 
 import (
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -36,6 +37,9 @@ type Adapter interface {
 	ParseVersion(body []byte) (string, error)
 	// Metrics names the engine-native Prometheus series the lab reads.
 	Metrics() MetricNames
+	// Tokenize is how the engine's tokenize endpoint (Surfaces().Tokenize)
+	// is called, or nil when the engine has none.
+	Tokenize() *TokenizeShape
 
 	// KV is the engine's KV-cache event contract, or nil when the engine
 	// publishes none (llama.cpp).
@@ -60,6 +64,10 @@ const (
 	// (loading, queue full). Counts toward demotion like an engine fault.
 	FaultOverloaded
 )
+
+// Demotes reports whether the fault counts toward the endpoint's demotion
+// (origin-5xx streak): an engine fault or overload, never the client's.
+func (f Fault) Demotes() bool { return f == FaultEngine || f == FaultOverloaded }
 
 func (f Fault) String() string {
 	switch f {
@@ -112,6 +120,27 @@ type Surfaces struct {
 	Models string
 }
 
+// TokenizeShape is the request and answer of an engine's tokenize
+// endpoint.
+type TokenizeShape struct {
+	// TextField is the request field carrying raw text ("prompt",
+	// "content").
+	TextField string
+	// MessagesField is the request field carrying chat messages, rendered
+	// by the engine's own chat template; "" when the endpoint takes text
+	// only.
+	MessagesField string
+	// AddSpecialField is the request field that asks for the BOS/special
+	// tokens, and AddSpecialDefault its value when absent.
+	AddSpecialField   string
+	AddSpecialDefault bool
+	// ModelField: the request names the model in this field ("" when it
+	// does not).
+	ModelField string
+	// TokensField is the answer's array of token ids.
+	TokensField string
+}
+
 // MetricNames are engine-native Prometheus series names ("" when the
 // engine exports no such series). Counters are named with their exposed
 // "_total" suffix.
@@ -137,6 +166,9 @@ type KVContract struct {
 	HashAlgos []string
 	// BlockSize is the engine's default KV block (page) size in tokens.
 	BlockSize int
+	// Layout is the msgpack event layout the engine publishes at the
+	// catalog version (ZMQ transports): EventLayoutMap or EventLayoutArray.
+	Layout string
 	// ZMQPort is the default event publisher port (ZMQ transports).
 	ZMQPort int
 	// ReplayOffset: the replay (ROUTER) socket is the publisher port plus
@@ -147,6 +179,18 @@ type KVContract struct {
 	// Destructive: reading events removes them, so one consumer only.
 	Destructive bool
 }
+
+// Event layouts of the ZMQ msgpack batches (engines/kvevents decodes both).
+const (
+	// EventLayoutArray: tagged arrays (vLLM ≤ 0.23, SGLang 0.5.x).
+	EventLayoutArray = "array"
+	// EventLayoutMap: tagged maps (vLLM after PR #42892).
+	EventLayoutMap = "map"
+)
+
+// PolledOverHTTP reports whether the contract's events are drained over
+// HTTP from the engine's own port; false for a nil contract.
+func (c *KVContract) PolledOverHTTP() bool { return c != nil && c.Transport == EventsHTTPPoll }
 
 // EventTransport names how an engine delivers KV events.
 type EventTransport uint8
@@ -217,6 +261,16 @@ type PDProtocol interface {
 	// ParseLegAnswer reads the hand-off a prefill (context) leg's answer
 	// carried, in the engine's own field (nil when none).
 	ParseLegAnswer(answer []byte) []byte
+	// ParseHandOff reads a hand-off object itself (what ParseLeg found in
+	// the body's hand-off field, as receipts record it); the concurrent
+	// shape has none and returns the zero PDLeg.
+	ParseHandOff(raw []byte) (PDLeg, error)
+	// CarryParams is the hand-off object a decode leg carries, given the
+	// one the prefill answered with (HandOff applies it).
+	CarryParams(answered []byte) []byte
+	// Summary says in one phrase what a correct hand-off shows (evidence
+	// text of the P/D runbook).
+	Summary() string
 
 	// BootstrapPort is the engine's default KV bootstrap port for the
 	// rendezvous shape (SGLang 8998); 0 when the engine has none, and then
@@ -229,6 +283,19 @@ type PDProtocol interface {
 
 // ErrPDBody: a P/D body or field is malformed (the client's fault).
 var ErrPDBody = errors.New("engines: malformed P/D body")
+
+// PDFieldError is a malformed P/D body or field. Its message is the
+// engine's own wording (the simulator answers with it verbatim);
+// errors.Is(err, ErrPDBody) holds.
+type PDFieldError struct{ Msg string }
+
+func (e *PDFieldError) Error() string        { return e.Msg }
+func (e *PDFieldError) Is(target error) bool { return target == ErrPDBody }
+
+// PDErrorf returns a PDFieldError.
+func PDErrorf(format string, a ...any) error {
+	return &PDFieldError{Msg: fmt.Sprintf(format, a...)}
+}
 
 // PDPair is one prefill/decode pair as the orchestrator chose it.
 type PDPair struct {

@@ -1,6 +1,9 @@
-// Package engines names the inference engines llmgw knows and holds what is
-// common to their adapters. One subpackage per engine (vllm, sglang, trtllm,
-// llamacpp) carries that engine's wire contract; engines/sim simulates them.
+// Package engines names the inference engines llmgw knows and defines the
+// Adapter interface and registry their packages implement. One subpackage
+// per engine (vllm, sglang, trtllm, llamacpp) is the only home of that
+// engine's contract; engines/all registers them; engines/sim simulates them.
+// README.md lists what an adapter provides and the conformance suite it
+// passes.
 package engines
 
 import (

@@ -2,7 +2,6 @@ package engines
 
 import (
 	"bytes"
-	"fmt"
 
 	"github.com/valyala/fastjson"
 )
@@ -14,10 +13,10 @@ func RewriteJSON(body []byte, edit func(v *fastjson.Value, a *fastjson.Arena)) (
 	var p fastjson.Parser
 	v, err := p.ParseBytes(body)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrPDBody, err)
+		return nil, PDErrorf("%v", err)
 	}
 	if v.Type() != fastjson.TypeObject {
-		return nil, fmt.Errorf("%w: the body is a JSON %s, not an object", ErrPDBody, v.Type())
+		return nil, PDErrorf("the body is a JSON %s, not an object", v.Type())
 	}
 	var a fastjson.Arena
 	edit(v, &a)

@@ -51,3 +51,29 @@ func Registered() []Adapter {
 	}
 	return out
 }
+
+// KVOf is the KV contract of kind k: nil for an engine that publishes no
+// KV events or has no registered adapter.
+func KVOf(k Kind) *KVContract {
+	if a, ok := registry[k]; ok {
+		return a.KV()
+	}
+	return nil
+}
+
+// PublishesZMQ reports whether the contract's events go over ZMQ, so that
+// a launcher gives the engine a publisher endpoint and a rule subscribes to
+// it; false for a nil contract. This is the one place that decides it.
+func (c *KVContract) PublishesZMQ() bool { return c != nil && c.Transport == EventsZMQ }
+
+// Names lists, in Kinds order, the kinds of the registered adapters that
+// keep (nil keep: all), as plain strings for flags and help text.
+func Names(keep func(Adapter) bool) []string {
+	var out []string
+	for _, a := range Registered() {
+		if keep == nil || keep(a) {
+			out = append(out, string(a.Kind()))
+		}
+	}
+	return out
+}

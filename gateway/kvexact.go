@@ -120,8 +120,7 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 	for i, ep := range kv.pool {
 		cfg := kvindex.IngestConfig{Engine: engines.Kind(eff.KVEngineType), Endpoint: i, BlockSize: eff.KVBlockSize, Logger: s.log.With("rule", eff.Name, "endpoint", ep.ID)}
 		spec := specOf(eff, ep.ID)
-		switch kvc.Transport {
-		case engines.EventsHTTPPoll:
+		if kvc.PolledOverHTTP() {
 			// Events are drained over HTTP from the endpoint itself and
 			// carry token ids, not routing keys: the gateway hashes them.
 			cfg.HTTPBase = scheme + "://" + ep.Addr
@@ -131,7 +130,7 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 				return nil, err
 			}
 			cfg.Hasher = h
-		default:
+		} else {
 			if spec.KVEventsEndpoint != "" {
 				cfg.ZMQ = []string{spec.KVEventsEndpoint}
 				if spec.KVReplayEndpoint != "" {

@@ -90,7 +90,7 @@ func newMetrics(s *Server) *metrics {
 		}, []string{"rule"}),
 	}
 	m.pdRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_pd_requests_total", Help: "P/D requests by phase (prefill, decode, complete) and status (success, timeout, error).",
+		Name: "llmgw_pd_requests_total", Help: "P/D requests by phase (prefill, decode, complete) and status (success, timeout, error; cancelled: a concurrent prefill ended because its decode failed).",
 	}, []string{"rule", "phase", "status"})
 	m.pdPrefillDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "llmgw_pd_prefill_duration_seconds", Help: "Duration of P/D prefill (context) legs.", Buckets: latencyBuckets,

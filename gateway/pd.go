@@ -123,12 +123,23 @@ func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint, tlsCfg *tls.Config, 
 			return c, nil
 		},
 		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     90 * time.Second,
+		IdleConnTimeout:     pdIdleConnTimeout(a.Conn()),
 		DisableCompression:  true,
 		TLSClientConfig:     tlsCfg,
 	}
 	pd.client = &http.Client{Transport: pd.transport}
 	return pd, nil
+}
+
+// pdIdleConnTimeout keeps a pooled leg connection for less than the
+// engine's own keep-alive timeout (uvicorn: 5 s), so that a leg is never
+// written to a connection the engine is closing: a POST on it is not
+// replayable and would fail. Engines that say nothing keep the 90 s default.
+func pdIdleConnTimeout(c engines.ConnPolicy) time.Duration {
+	if c.IdleTimeout <= 0 {
+		return 90 * time.Second
+	}
+	return c.IdleTimeout * 4 / 5
 }
 
 func (pd *pdRuntime) close() { pd.transport.CloseIdleConnections() }
@@ -205,19 +216,21 @@ func (s *Server) servePD(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 			r.preq.Session = v
 		}
 	}
-	var err error
-	switch rt.pd.proto.Shape() {
-	case engines.PDConcurrent:
-		err = r.serveConcurrent()
-	case engines.PDContextGeneration:
-		err = r.serveContextGeneration()
-	default:
-		err = r.serveSequential()
+	serve, ok := orchestrators[rt.pd.proto.Shape()]
+	if !ok {
+		serve = (*pdRequest).serveSequential
 	}
-	if err != nil {
+	if err := serve(r); err != nil {
 		writeError(ctx, err)
 		s.metrics.pdRequests.WithLabelValues(rt.rule.Name, "complete", pdStatus(err)).Inc()
 	}
+}
+
+// orchestrators drive a P/D pair, one per shape; none knows an engine.
+var orchestrators = map[engines.PDShape]func(*pdRequest) error{
+	engines.PDSequential:        (*pdRequest).serveSequential,
+	engines.PDConcurrent:        (*pdRequest).serveConcurrent,
+	engines.PDContextGeneration: (*pdRequest).serveContextGeneration,
 }
 
 func pdStatus(err error) string {
@@ -399,10 +412,10 @@ func (r *pdRequest) recordStatus(ep *upstream.Endpoint, status int) {
 	if b == nil {
 		return
 	}
-	switch r.pd.engine.Classify(status, nil) {
-	case engines.FaultEngine, engines.FaultOverloaded:
+	switch f := r.pd.engine.Classify(status, nil); {
+	case f.Demotes():
 		b.RecordOrigin5xx()
-	case engines.FaultClient:
+	case f == engines.FaultClient:
 		b.RecordClientError()
 	default:
 		b.RecordSuccess()

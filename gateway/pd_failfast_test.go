@@ -278,3 +278,25 @@ func TestPDVLLMP2PNCCLRequestID(t *testing.T) {
 		})
 	}
 }
+
+// TestPDLegPoolIdleBelowEngineKeepAlive: the legs' pool drops an idle
+// connection before the engine does (uvicorn closes after 5 s), so that no
+// leg is written to a connection the engine is closing.
+func TestPDLegPoolIdleBelowEngineKeepAlive(t *testing.T) {
+	for _, k := range []engines.Kind{engines.VLLM, engines.SGLang, engines.TRTLLM} {
+		t.Run(string(k), func(t *testing.T) {
+			p := newPDScripted(t, answer(200, `{}`))
+			d := newPDScripted(t, answer(200, `{}`))
+			ph, pp := hostPort(t, p.addr)
+			dh, dp := hostPort(t, d.addr)
+			s := startGateway(t, "", nil)
+			mustApply(t, s, fmt.Sprintf("name: pd\nmodel_name: m\nkvEngineType: %s\npd_disagg_mode: true\nprobe: {disabled: true}\nendpoints:\n"+
+				"  - {id: p1, endpointIP: %s, targetPort: %d, ep_role: 1}\n  - {id: d1, endpointIP: %s, targetPort: %d, ep_role: 2}\n", k, ph, pp, dh, dp))
+			engineIdle := engines.MustFor(k).Conn().IdleTimeout
+			got := s.rules["pd"].pd.transport.IdleConnTimeout
+			if engineIdle == 0 || got <= 0 || got >= engineIdle {
+				t.Errorf("leg pool idle timeout %v; want below the engine's %v", got, engineIdle)
+			}
+		})
+	}
+}

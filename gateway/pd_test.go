@@ -14,6 +14,7 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/engines/trtllm"
 )
 
 func startSimT(t *testing.T, cfg sim.Config) *sim.Sim {
@@ -51,7 +52,7 @@ func pdRule(t *testing.T, name, model, engine string, prefill, decode []*sim.Sim
 	for i, s := range prefill {
 		h, p := hostPort(t, s.Addrs().HTTP)
 		line := fmt.Sprintf("  - {id: p%d, endpointIP: %s, targetPort: %d, ep_role: 1", i+1, h, p)
-		if engine == "sglang" {
+		if engines.MustFor(engines.Kind(engine)).PD().BootstrapPort() != 0 {
 			_, bp := hostPort(t, s.Addrs().Bootstrap)
 			line += fmt.Sprintf(", bootstrapPort: %d", bp)
 		}
@@ -95,36 +96,34 @@ func TestPDHandOffPerEngine(t *testing.T) {
 				if pr[0].RequestID != "pd-req-1" || dr[0].RequestID != "pd-req-1" {
 					t.Errorf("request ids: prefill %q decode %q; want both pd-req-1", pr[0].RequestID, dr[0].RequestID)
 				}
-				if pr[0].Stream && engine != engines.SGLang {
-					// SGLang's legs carry the same body; the others'
-					// prefill legs are always non-streaming.
+				proto := engines.MustFor(engine).PD()
+				if pr[0].Stream && proto.Shape() != engines.PDConcurrent {
+					// The concurrent shape's legs carry the same body; the
+					// others' prefill legs are always non-streaming.
 					t.Errorf("the prefill leg streamed")
 				}
-				switch engine {
-				case engines.VLLM:
-					if pr[0].MaxTokens != 1 {
-						t.Errorf("prefill max_tokens = %d; want 1", pr[0].MaxTokens)
-					}
-					if len(dr[0].KVTransferParams) == 0 || dr[0].RemotePrefillTokens == 0 {
-						t.Errorf("decode got kv_transfer_params %s, remote tokens %d; want the prefill's", dr[0].KVTransferParams, dr[0].RemotePrefillTokens)
-					}
-					var in, out map[string]any
-					json.Unmarshal(dr[0].KVTransferParams, &in)
-					json.Unmarshal(pr[0].KVTransferParamsOut, &out)
-					if fmt.Sprint(in) != fmt.Sprint(out) {
-						t.Errorf("decode params %v differ from the prefill's %v", in, out)
-					}
-				case engines.SGLang:
+				if dr[0].RemotePrefillTokens == 0 {
+					t.Errorf("decode did not receive the prefill's KV")
+				}
+				if proto.Shape() == engines.PDConcurrent {
 					if pr[0].Bootstrap == nil || dr[0].Bootstrap == nil || *pr[0].Bootstrap != *dr[0].Bootstrap {
 						t.Errorf("bootstrap triples differ: %+v vs %+v", pr[0].Bootstrap, dr[0].Bootstrap)
 					}
-					if dr[0].RemotePrefillTokens == 0 {
-						t.Errorf("decode did not receive the prefill's KV")
+				} else {
+					pl, perr := proto.ParseHandOff(pr[0].HandOff)
+					dl, derr := proto.ParseHandOff(dr[0].HandOff)
+					if perr != nil || derr != nil || pl.Role != engines.PDLegPrefill || dl.Role != engines.PDLegDecode {
+						t.Errorf("hand-off roles: prefill %v (%v) from %s, decode %v (%v) from %s", pl.Role, perr, pr[0].HandOff, dl.Role, derr, dr[0].HandOff)
 					}
-				case engines.TRTLLM:
-					if !strings.Contains(string(pr[0].DisaggregatedParams), `"context_only"`) || !strings.Contains(string(dr[0].DisaggregatedParams), `"generation_only"`) {
-						t.Errorf("disaggregated_params: context %s, generation %s", pr[0].DisaggregatedParams, dr[0].DisaggregatedParams)
+					var in, want map[string]any
+					json.Unmarshal(dr[0].HandOff, &in)
+					json.Unmarshal(proto.CarryParams(pr[0].HandOffOut), &want)
+					if len(want) == 0 || fmt.Sprint(in) != fmt.Sprint(want) {
+						t.Errorf("decode hand-off %v; want the prefill's answered one carried: %v", in, want)
 					}
+				}
+				if engine == engines.VLLM && pr[0].MaxTokens != 1 {
+					t.Errorf("prefill max_tokens = %d; want 1", pr[0].MaxTokens)
 				}
 			})
 		}
@@ -189,7 +188,7 @@ func TestPDLegFailures(t *testing.T) {
 			ph, pp := hostPort(t, pa)
 			dh, dp := hostPort(t, da)
 			boot := ""
-			if tc.engine == engines.SGLang {
+			if engines.MustFor(tc.engine).PD().BootstrapPort() != 0 {
 				_, bp := hostPort(t, p.Addrs().Bootstrap)
 				boot = fmt.Sprintf(", bootstrapPort: %d", bp)
 			}
@@ -256,7 +255,8 @@ func TestPDTRTEarlyExit(t *testing.T) {
 	// gateway relays it and never calls the generation server.
 	ctxSrv := newBackend(t, "ctx", func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop","disaggregated_params":{"request_type":"context_only","first_gen_tokens":[9],"ctx_request_id":1,"encoded_opaque_state":"e30="}}]}`)
+		ctx.SetBodyString(fmt.Sprintf(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop",%q:%s}]}`,
+			trtllm.Field, trtllm.AnswerParams(trtllm.ContextAnswer{FirstGenTokens: []uint32{9}, CtxRequestID: 1, Opaque: []byte("{}")})))
 	})
 	d := startSimT(t, sim.Config{Engine: engines.TRTLLM, Role: sim.RoleDecode})
 	s := startGateway(t, "", nil)
@@ -268,8 +268,8 @@ func TestPDTRTEarlyExit(t *testing.T) {
 		if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("X-Llmgw-Route"), "early-exit") {
 			t.Fatalf("stream=%v: %d route %q %s", stream, resp.StatusCode, resp.Header.Get("X-Llmgw-Route"), out)
 		}
-		if strings.Contains(out, "disaggregated_params") {
-			t.Errorf("early exit leaked disaggregated_params: %s", out)
+		if strings.Contains(out, trtllm.Field) {
+			t.Errorf("early exit leaked the hand-off: %s", out)
 		}
 		if stream && (!strings.HasPrefix(out, "data: {") || !strings.HasSuffix(out, "\n\ndata: [DONE]\n\n") || strings.Count(out, "data: ") != 2) {
 			t.Errorf("early exit SSE = %q; want one event then [DONE]", out)

@@ -159,9 +159,9 @@ type EngineSpec struct {
 	// BlockSize is the KV block (page) size in tokens; 0 for llama.cpp, which
 	// publishes no KV events.
 	BlockSize int `yaml:"block_size" json:"block_size"`
-	// HashAlgo is the block-hash algorithm the gateway must use: vLLM
-	// "sha256_cbor" or "xxhash_cbor", SGLang "sha256_sglang", TensorRT-LLM
-	// "blockhash_trtllm", llama.cpp "none".
+	// HashAlgo is the block-hash algorithm the gateway must use: one of the
+	// engine adapter's KV().HashAlgos, "none" for an engine without KV
+	// events (checked at the boundary, runbook/labkit.CheckCatalog).
 	HashAlgo string `yaml:"hash_algo" json:"hash_algo"`
 	// Blocked is non-nil when the tuple is known-BLOCKED; Launch is then
 	// optional and never used.
@@ -232,6 +232,10 @@ func (l LaunchSpec) Port(name string) int {
 	return 0
 }
 
+// EmbeddedFS is the catalog embedded in the binary, as LoadFS reads it
+// (tests build broken copies of it).
+func EmbeddedFS() (fs.FS, error) { return fs.Sub(embedded, "catalog") }
+
 // Load returns the catalog embedded in the binary.
 func Load() (*Catalog, error) {
 	sub, err := fs.Sub(embedded, "catalog")
@@ -290,7 +294,7 @@ func LoadFS(fsys fs.FS) (*Catalog, error) {
 		if err := decodeFile(fsys, name, &p); err != nil {
 			return nil, err
 		}
-		if fe := p.validate(c.seed); fe != nil {
+		if fe := p.validate(); fe != nil {
 			return nil, invalid(name, fe.field, "%s", fe.msg)
 		}
 		if want := strings.TrimSuffix(path.Base(name), ".yaml"); p.ID != want {

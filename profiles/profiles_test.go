@@ -271,26 +271,14 @@ func TestBrokenProfiles(t *testing.T) {
 		new     string
 		wantErr string
 	}{
-		{"block size zero", gemma, "vllm:\n    block_size: 16", "vllm:\n    block_size: 0",
-			"profiles/gemma-2-9b-it.yaml: engines.vllm.block_size: must be ≥ 1"},
 		{"unknown field", gemma, "gated: true", "gated: true\n  gatted: true", "field gatted not found"},
 		{"repeated key", qwen, "api_mode: completions", "api_mode: completions\napi_mode: chat", "already defined"},
 		{"bad api mode", qwen, "api_mode: completions", "api_mode: embeddings", "profiles/qwen3-0.6b.yaml: api_mode: must be"},
 		{"id differs from file name", qwen, "id: qwen3-0.6b", "id: qwen3-small", "qwen3-0.6b.yaml: id: must equal the file name"},
 		{"bad revision", qwen, "  revision: main\n  served_name", "  revision: v1\n  served_name", "model.revision: must be a 40-hex commit"},
-		{"incoherent hash", qwen, "hash_algo: sha256_sglang", "hash_algo: sha256_cbor", "engines.sglang.hash_algo: must be one of sha256_sglang"},
-		{"seed mismatch", qwen, `PYTHONHASHSEED: "0"`, `PYTHONHASHSEED: "1"`, "engines.vllm.launch.env.PYTHONHASHSEED: must be \"0\""},
-		{"vllm block flag disagrees", qwen, "- \"--block-size\"\n        - \"16\"", "- \"--block-size\"\n        - \"32\"", "engines.vllm.launch.args: --block-size \"32\" must equal block_size 16"},
-		{"sglang page size disagrees", qwen, "- \"--page-size\"\n        - \"16\"", "- \"--page-size\"\n        - \"64\"", "engines.sglang.launch.args: --page-size"},
-		{"trtllm not pytorch", qwen, "- \"--backend\"\n        - \"pytorch\"", "- \"--backend\"\n        - \"tensorrt\"", "engines.trtllm.launch.args: must pass --backend pytorch"},
-		{"trtllm block reuse off", qwen, "enable_block_reuse: true", "enable_block_reuse: false", "engines.trtllm.launch.files[0].content: kv_cache_config.enable_block_reuse"},
-		{"trtllm events off", qwen, "event_buffer_max_size: 4096", "event_buffer_max_size: 0", "kv_cache_config.event_buffer_max_size must be ≥ 1"},
-		{"trtllm tokens per block", qwen, "tokens_per_block: 32", "tokens_per_block: 16", "tokens_per_block 16 must equal block_size 32"},
 		{"unknown blocked code", gemma, "code: architecture_unsupported", "code: too_big", "engines.trtllm.blocked.code: must be one of"},
 		{"missing engine", qwen, "  llamacpp:\n", "  llamacppx:\n", "engines.llamacppx: unknown engine"},
-		{"llamacpp block size", qwen, "block_size: 0", "block_size: 16", "engines.llamacpp.block_size: must be 0"},
 		{"bad port", qwen, "- {name: http, port: 8355}", "- {name: http, port: 70000}", "engines.trtllm.launch.ports[0].port: must be in 1..65535"},
-		{"events port mismatch", qwen, "- {name: kv-events, port: 5557}", "- {name: kv-events, port: 6000}", "engines.vllm.launch.ports: port \"kv-events\" is 6000"},
 		{"two documents", qwen, "api_mode: completions", "api_mode: completions\n---\nid: x", "more than one YAML document"},
 		{"catalog schema", "catalog.yaml", "schema: llmgw.profiles/v1", "schema: v0", "catalog.yaml: schema: must be"},
 		{"catalog trtllm backend", "catalog.yaml", "backend: pytorch", "backend: tensorrt", "catalog.yaml: versions.trtllm.backend"},
@@ -369,4 +357,27 @@ func BenchmarkLoad(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// argValue reads "--flag value" or "--flag=value" from args.
+func argValue(args []string, flag string) (string, bool) {
+	for i, a := range args {
+		if a == flag {
+			if i+1 < len(args) {
+				return args[i+1], true
+			}
+			return "", true
+		}
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// eventsConfig is the part of --kv-events-config the catalog test reads.
+type eventsConfig struct {
+	Publisher      string  `json:"publisher"`
+	Endpoint       string  `json:"endpoint"`
+	ReplayEndpoint *string `json:"replay_endpoint"`
 }

@@ -1,14 +1,10 @@
 package profiles
 
 import (
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
-
-	"go.yaml.in/yaml/v3"
 )
 
 // fieldError is one validation failure: the dotted field path and what is
@@ -37,15 +33,6 @@ var (
 	envPattern  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
-// hashAlgos lists the coherent block-hash algorithms per engine (the
-// gateway's admission rules; "none" for llama.cpp, which has no KV plane).
-var hashAlgos = map[string][]string{
-	EngineVLLM:     {"sha256_cbor", "xxhash_cbor"},
-	EngineSGLang:   {"sha256_sglang"},
-	EngineTRTLLM:   {"blockhash_trtllm"},
-	EngineLlamaCpp: {"none"},
-}
-
 func (v EngineVersion) validate() *fieldError {
 	switch {
 	case v.Version == "":
@@ -58,18 +45,19 @@ func (v EngineVersion) validate() *fieldError {
 	return nil
 }
 
-// Validate checks a profile against the catalog rules with the gateway's
-// default kvHashSeed "0". A Catalog validates every profile on load with its
-// own seed; Validate is for profiles built or edited by hand.
+// Validate checks a profile against the catalog's own rules (a Catalog
+// validates every profile on load); Validate is for profiles built or
+// edited by hand. Coherence with each engine's contract is checked by the
+// engines' adapters at the boundary (runbook/labkit.CheckCatalog).
 func (p Profile) Validate() error {
-	if fe := p.validate("0"); fe != nil {
+	if fe := p.validate(); fe != nil {
 		return invalid("profile "+p.ID, fe.field, "%s", fe.msg)
 	}
 	return nil
 }
 
 // validate returns the first problem, in field order, so errors are stable.
-func (p Profile) validate(seed string) *fieldError {
+func (p Profile) validate() *fieldError {
 	if !idPattern.MatchString(p.ID) {
 		return fieldErr("id", "must be lowercase letters, digits, '.' and '-' (got %q)", p.ID)
 	}
@@ -119,7 +107,7 @@ func (p Profile) validate(seed string) *fieldError {
 		if !ok {
 			return fieldErr("engines."+name, "missing (every profile describes %s)", strings.Join(Engines(), ", "))
 		}
-		if fe := es.validate(name, p, seed); fe != nil {
+		if fe := es.validate(); fe != nil {
 			fe.field = "engines." + name + "." + fe.field
 			return fe
 		}
@@ -139,16 +127,18 @@ func checkRevision(field, rev string) *fieldError {
 	return nil
 }
 
-func (es EngineSpec) validate(engine string, p Profile, seed string) *fieldError {
-	if engine == EngineLlamaCpp {
-		if es.BlockSize != 0 {
-			return fieldErr("block_size", "must be 0: llama.cpp publishes no KV blocks")
-		}
-	} else if es.BlockSize < 1 {
-		return fieldErr("block_size", "must be ≥ 1")
+// validate checks what the catalog itself can know about an engine spec.
+// Its coherence with the engine (block size and hash algorithm against the
+// engine's KV contract, launch flags against the block size, seed and model)
+// is the engine adapter's to judge: this package imports nothing of llmgw's,
+// so runbook/labkit.CheckCatalog asks the adapters at the boundary, before
+// any runbook uses the catalog.
+func (es EngineSpec) validate() *fieldError {
+	if es.BlockSize < 0 {
+		return fieldErr("block_size", "must be ≥ 0")
 	}
-	if !slices.Contains(hashAlgos[engine], es.HashAlgo) {
-		return fieldErr("hash_algo", "must be one of %s for %s (got %q)", strings.Join(hashAlgos[engine], ", "), engine, es.HashAlgo)
+	if es.HashAlgo == "" {
+		return fieldErr("hash_algo", "must be set (\"none\" for an engine without KV events)")
 	}
 	if es.Blocked != nil {
 		if !slices.Contains(BlockedCodes, es.Blocked.Code) {
@@ -169,18 +159,7 @@ func (es EngineSpec) validate(engine string, p Profile, seed string) *fieldError
 		fe.field = "launch." + fe.field
 		return fe
 	}
-	var fe *fieldError
-	switch engine {
-	case EngineVLLM:
-		fe = checkVLLM(es, p, seed)
-	case EngineSGLang:
-		fe = checkSGLang(es, p)
-	case EngineTRTLLM:
-		fe = checkTRTLLM(es, p)
-	case EngineLlamaCpp:
-		fe = checkLlamaCpp(es)
-	}
-	return fe
+	return nil
 }
 
 func (l *LaunchSpec) validate() *fieldError {
@@ -226,194 +205,6 @@ func (l *LaunchSpec) validate() *fieldError {
 	}
 	if !strings.HasPrefix(l.HealthPath, "/") {
 		return fieldErr("health_path", "must be an absolute URL path (got %q)", l.HealthPath)
-	}
-	return nil
-}
-
-// argValue returns the value of flag in args ("--flag value" or
-// "--flag=value") and whether the flag is present.
-func argValue(args []string, flag string) (string, bool) {
-	for i, a := range args {
-		if a == flag {
-			if i+1 < len(args) {
-				return args[i+1], true
-			}
-			return "", true
-		}
-		if v, ok := strings.CutPrefix(a, flag+"="); ok {
-			return v, true
-		}
-	}
-	return "", false
-}
-
-func hasArg(args []string, flag string) bool {
-	_, ok := argValue(args, flag)
-	return ok
-}
-
-// checkIntArg requires flag to be present with the integer value want.
-func checkIntArg(args []string, flag string, want int) *fieldError {
-	v, ok := argValue(args, flag)
-	if !ok {
-		return fieldErr("launch.args", "must pass %s %d", flag, want)
-	}
-	if n, err := strconv.Atoi(v); err != nil || n != want {
-		return fieldErr("launch.args", "%s %q must equal block_size %d", flag, v, want)
-	}
-	return nil
-}
-
-// eventsConfig is the JSON both vLLM and SGLang take in --kv-events-config
-// (vLLM's KVEventsConfig; SGLang's copy has no enable_kv_cache_events).
-type eventsConfig struct {
-	EnableKVCacheEvents *bool   `json:"enable_kv_cache_events"`
-	Publisher           string  `json:"publisher"`
-	Endpoint            string  `json:"endpoint"`
-	ReplayEndpoint      *string `json:"replay_endpoint"`
-	Topic               *string `json:"topic"`
-}
-
-func parseEventsConfig(args []string, engine string) (eventsConfig, *fieldError) {
-	var ec eventsConfig
-	raw, ok := argValue(args, "--kv-events-config")
-	if !ok {
-		return ec, fieldErr("launch.args", "must pass --kv-events-config (the engine publishes no KV events otherwise)")
-	}
-	dec := json.NewDecoder(strings.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&ec); err != nil {
-		return ec, fieldErr("launch.args", "--kv-events-config is not valid %s KV events JSON: %v", engine, err)
-	}
-	if ec.Publisher != "zmq" {
-		return ec, fieldErr("launch.args", "--kv-events-config publisher must be \"zmq\" (got %q)", ec.Publisher)
-	}
-	if !strings.HasPrefix(ec.Endpoint, "tcp://") {
-		return ec, fieldErr("launch.args", "--kv-events-config endpoint must be a tcp:// address (got %q)", ec.Endpoint)
-	}
-	return ec, nil
-}
-
-func checkVLLM(es EngineSpec, p Profile, seed string) *fieldError {
-	args := es.Launch.Args
-	if fe := checkIntArg(args, "--block-size", es.BlockSize); fe != nil {
-		return fe
-	}
-	if v, _ := argValue(args, "--prefix-caching-hash-algo"); v != es.HashAlgo {
-		return fieldErr("launch.args", "--prefix-caching-hash-algo %q must equal hash_algo %q", v, es.HashAlgo)
-	}
-	if !hasArg(args, "--enable-prefix-caching") {
-		return fieldErr("launch.args", "must pass --enable-prefix-caching (no KV events without it)")
-	}
-	ec, fe := parseEventsConfig(args, "vLLM")
-	if fe != nil {
-		return fe
-	}
-	if ec.EnableKVCacheEvents == nil || !*ec.EnableKVCacheEvents {
-		return fieldErr("launch.args", "--kv-events-config must set enable_kv_cache_events: true")
-	}
-	if got, ok := es.Launch.Env["PYTHONHASHSEED"]; !ok || got != seed {
-		return fieldErr("launch.env.PYTHONHASHSEED", "must be %q, the gateway's kvHashSeed (got %q)", seed, got)
-	}
-	if v, ok := argValue(args, "--served-model-name"); !ok || v != p.Model.ServedName {
-		return fieldErr("launch.args", "--served-model-name %q must equal model.served_name %q", v, p.Model.ServedName)
-	}
-	return checkEventPorts(es.Launch, ec)
-}
-
-func checkSGLang(es EngineSpec, p Profile) *fieldError {
-	args := es.Launch.Args
-	if fe := checkIntArg(args, "--page-size", es.BlockSize); fe != nil {
-		return fe
-	}
-	ec, fe := parseEventsConfig(args, "SGLang")
-	if fe != nil {
-		return fe
-	}
-	if ec.EnableKVCacheEvents != nil {
-		return fieldErr("launch.args", "--kv-events-config: SGLang has no enable_kv_cache_events field")
-	}
-	if v, ok := argValue(args, "--served-model-name"); !ok || v != p.Model.ServedName {
-		return fieldErr("launch.args", "--served-model-name %q must equal model.served_name %q", v, p.Model.ServedName)
-	}
-	if v, _ := argValue(args, "--revision"); v != p.Model.Revision {
-		return fieldErr("launch.args", "--revision %q must equal model.revision %q (the identity probe fails otherwise)", v, p.Model.Revision)
-	}
-	return checkEventPorts(es.Launch, ec)
-}
-
-// checkEventPorts requires the ports named kv-events (and kv-replay when a
-// replay endpoint is configured) to match the endpoints' port numbers.
-func checkEventPorts(l *LaunchSpec, ec eventsConfig) *fieldError {
-	if fe := checkEndpointPort(l, "kv-events", ec.Endpoint); fe != nil {
-		return fe
-	}
-	if ec.ReplayEndpoint != nil && *ec.ReplayEndpoint != "" {
-		return checkEndpointPort(l, "kv-replay", *ec.ReplayEndpoint)
-	}
-	return nil
-}
-
-func checkEndpointPort(l *LaunchSpec, name, endpoint string) *fieldError {
-	i := strings.LastIndexByte(endpoint, ':')
-	n, err := strconv.Atoi(endpoint[i+1:])
-	if i < 0 || err != nil {
-		return fieldErr("launch.args", "%s endpoint %q has no port", name, endpoint)
-	}
-	if got := l.Port(name); got != n {
-		return fieldErr("launch.ports", "port %q is %d, but the events config uses %d", name, got, n)
-	}
-	return nil
-}
-
-// trtllmOptions is the part of TensorRT-LLM's extra LLM API options YAML the
-// catalog checks; other keys are allowed (the engine owns that schema).
-type trtllmOptions struct {
-	KVCacheConfig struct {
-		EnableBlockReuse   *bool `yaml:"enable_block_reuse"`
-		EventBufferMaxSize int   `yaml:"event_buffer_max_size"`
-		TokensPerBlock     int   `yaml:"tokens_per_block"`
-	} `yaml:"kv_cache_config"`
-}
-
-func checkTRTLLM(es EngineSpec, p Profile) *fieldError {
-	l := es.Launch
-	if !slices.Contains(l.Command, "trtllm-serve") {
-		return fieldErr("launch.command", "must run trtllm-serve")
-	}
-	if v, _ := argValue(l.Args, "--backend"); v != "pytorch" {
-		return fieldErr("launch.args", "must pass --backend pytorch (the pinned backend; got %q)", v)
-	}
-	if v, ok := argValue(l.Args, "--served_model_name"); !ok || v != p.Model.ServedName {
-		return fieldErr("launch.args", "--served_model_name %q must equal model.served_name %q", v, p.Model.ServedName)
-	}
-	optPath, ok := argValue(l.Args, "--extra_llm_api_options")
-	if !ok {
-		return fieldErr("launch.args", "must pass --extra_llm_api_options (block reuse and the event buffer live there)")
-	}
-	i := slices.IndexFunc(l.Files, func(f File) bool { return f.Path == optPath })
-	if i < 0 {
-		return fieldErr("launch.files", "must provide %s, the file --extra_llm_api_options names", optPath)
-	}
-	var opts trtllmOptions
-	if err := yaml.Unmarshal([]byte(l.Files[i].Content), &opts); err != nil {
-		return fieldErr(fmt.Sprintf("launch.files[%d].content", i), "is not YAML: %v", err)
-	}
-	kc := opts.KVCacheConfig
-	switch {
-	case kc.EnableBlockReuse == nil || !*kc.EnableBlockReuse:
-		return fieldErr(fmt.Sprintf("launch.files[%d].content", i), "kv_cache_config.enable_block_reuse must be true (no stored events without it)")
-	case kc.EventBufferMaxSize < 1:
-		return fieldErr(fmt.Sprintf("launch.files[%d].content", i), "kv_cache_config.event_buffer_max_size must be ≥ 1 (0 turns events off)")
-	case kc.TokensPerBlock != es.BlockSize:
-		return fieldErr(fmt.Sprintf("launch.files[%d].content", i), "kv_cache_config.tokens_per_block %d must equal block_size %d", kc.TokensPerBlock, es.BlockSize)
-	}
-	return nil
-}
-
-func checkLlamaCpp(es EngineSpec) *fieldError {
-	if es.Launch.Command[0] != "llama-server" {
-		return fieldErr("launch.command", "must run llama-server (got %q)", es.Launch.Command[0])
 	}
 	return nil
 }

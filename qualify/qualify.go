@@ -29,6 +29,7 @@ import (
 	"github.com/llmgw/llmgw/runbook"
 	"github.com/llmgw/llmgw/runbook/converged"
 	"github.com/llmgw/llmgw/runbook/gates"
+	"github.com/llmgw/llmgw/runbook/labkit"
 	"github.com/llmgw/llmgw/runbook/launcher"
 	"github.com/llmgw/llmgw/runbook/pd"
 )
@@ -36,7 +37,9 @@ import (
 // Valid values of the matrix dimensions.
 var (
 	// Engines are the engines qualify runs; "all" selects every one.
-	Engines = []string{profiles.EngineVLLM, profiles.EngineSGLang, profiles.EngineTRTLLM, profiles.EngineLlamaCpp}
+	// They are every registered engine; what each supports (modes exact,
+	// topology pd) comes from its adapter's KV and P/D contracts (Plan).
+	Engines = engines.Names(nil)
 	// Modes are the routing modes: round robin, CHWBL prefix affinity and
 	// KV-exact. By default an engine with a KV event plane runs rr and
 	// exact; one without (llama.cpp) runs the full-proxy lanes rr and chwbl.
@@ -114,7 +117,7 @@ type Progress interface {
 // valid values; nothing is started.
 func Plan(o *Options) ([]Case, error) {
 	if o.Catalog == nil {
-		c, err := profiles.Load()
+		c, err := labkit.LoadCatalog(nil)
 		if err != nil {
 			return nil, fmt.Errorf("qualify: %w", err)
 		}

@@ -68,6 +68,10 @@ func (a Algo) DigestSize() int {
 	return 0
 }
 
+// Seeded reports whether a's chain starts from a root derived from the
+// engine's PYTHONHASHSEED (the vLLM algorithms); the others ignore the seed.
+func (a Algo) Seeded() bool { return a == SHA256CBOR || a == XXHashCBOR }
+
 // MaxBlockSize bounds the block size New accepts. Engines use 1..256 in
 // practice; the bound keeps per-call scratch space predictable.
 const MaxBlockSize = 1 << 16

@@ -118,6 +118,13 @@ func (Adapter) Metrics() engines.MetricNames {
 	}
 }
 
+// Tokenize: POST /tokenize {"content", "add_special" (default false),
+// "with_pieces"} answers {"tokens":[...]} (cases tokenize,
+// tokenize_add_special, tokenize_with_pieces: without add_special no BOS).
+func (Adapter) Tokenize() *engines.TokenizeShape {
+	return &engines.TokenizeShape{TextField: "content", AddSpecialField: "add_special", TokensField: "tokens"}
+}
+
 // KV: llama.cpp publishes no KV-cache events.
 func (Adapter) KV() *engines.KVContract { return nil }
 

@@ -2,7 +2,6 @@ package sglang
 
 import (
 	"encoding/json"
-	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -25,11 +24,23 @@ type pd struct{}
 // (python/sglang/srt/server_args.py: disaggregation_bootstrap_port = 8998).
 const DefaultBootstrapPort = 8998
 
+// The request fields of the hand-off (all top level).
 const (
-	fieldHost = "bootstrap_host"
-	fieldPort = "bootstrap_port"
-	fieldRoom = "bootstrap_room"
+	FieldHost = "bootstrap_host"
+	FieldPort = "bootstrap_port"
+	FieldRoom = "bootstrap_room"
 )
+
+const (
+	fieldHost = FieldHost
+	fieldPort = FieldPort
+	fieldRoom = FieldRoom
+)
+
+// ServerInfoBootstrapPort is the /get_server_info key that reports a
+// prefill server's bootstrap port (ServerArgs.disaggregation_bootstrap_port,
+// served as part of the server args).
+const ServerInfoBootstrapPort = "disaggregation_" + fieldPort
 
 // Fields are the request fields of the hand-off (all top level).
 var Fields = []string{fieldHost, fieldPort, fieldRoom}
@@ -83,33 +94,44 @@ func (pd) ParseLeg(body []byte) (engines.PDLeg, error) {
 		Room json.RawMessage `json:"bootstrap_room"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
-		return engines.PDLeg{}, fmt.Errorf("%w: %v", engines.ErrPDBody, err)
+		return engines.PDLeg{}, engines.PDErrorf("%v", err)
 	}
 	if engines.IsJSONNull(req.Host) && engines.IsJSONNull(req.Room) && engines.IsJSONNull(req.Port) {
 		return engines.PDLeg{}, nil
 	}
 	if engines.IsJSONNull(req.Host) || engines.IsJSONNull(req.Room) {
-		return engines.PDLeg{}, fmt.Errorf("%w: %s and %s must be given together", engines.ErrPDBody, fieldHost, fieldRoom)
+		return engines.PDLeg{}, engines.PDErrorf("%s and %s must be given together", fieldHost, fieldRoom)
 	}
 	t := engines.Rendezvous{Port: DefaultBootstrapPort}
 	if err := json.Unmarshal(req.Host, &t.Host); err != nil {
-		return engines.PDLeg{}, fmt.Errorf("%w: %s: expected a string", engines.ErrPDBody, fieldHost)
+		return engines.PDLeg{}, engines.PDErrorf("%s: expected a string", fieldHost)
 	}
 	if !engines.IsJSONNull(req.Port) {
 		if err := json.Unmarshal(req.Port, &t.Port); err != nil {
-			return engines.PDLeg{}, fmt.Errorf("%w: %s: expected an integer", engines.ErrPDBody, fieldPort)
+			return engines.PDLeg{}, engines.PDErrorf("%s: expected an integer", fieldPort)
 		}
 	}
 	var room json.Number
 	if err := json.Unmarshal(req.Room, &room); err != nil {
-		return engines.PDLeg{}, fmt.Errorf("%w: %s: expected an integer", engines.ErrPDBody, fieldRoom)
+		return engines.PDLeg{}, engines.PDErrorf("%s: expected an integer", fieldRoom)
 	}
 	r, err := strconv.ParseUint(room.String(), 10, 64)
 	if err != nil || r > math.MaxInt64 {
-		return engines.PDLeg{}, fmt.Errorf("%w: %s %s out of range [0, 2^63)", engines.ErrPDBody, fieldRoom, room)
+		return engines.PDLeg{}, engines.PDErrorf("%s %s out of range [0, 2^63)", fieldRoom, room)
 	}
 	t.Room = r
 	return engines.PDLeg{Role: engines.PDLegRendezvous, RemoteBlocks: -1, RemoteTokens: -1, Rendezvous: &t}, nil
 }
 
 func (pd) ParseLegAnswer([]byte) []byte { return nil }
+
+// ParseHandOff: the concurrent shape carries no hand-off object.
+func (pd) ParseHandOff([]byte) (engines.PDLeg, error) { return engines.PDLeg{}, nil }
+
+// CarryParams: nothing is carried.
+func (pd) CarryParams([]byte) []byte { return nil }
+
+// Summary is the P/D runbook's evidence phrase.
+func (pd) Summary() string {
+	return "the same bootstrap triple (room) on both legs, at the chosen prefill's bootstrap port"
+}

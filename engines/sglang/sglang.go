@@ -73,6 +73,10 @@ func (*Adapter) Metrics() engines.MetricNames {
 	}
 }
 
+// Tokenize: SGLang's catalog version has no tokenize endpoint that this
+// package has established from the source (Surfaces().Tokenize is empty).
+func (*Adapter) Tokenize() *engines.TokenizeShape { return nil }
+
 // KV: ZMQ PUB (the vLLM-compatible event publisher), SGLang's signed
 // 64-bit block hashes over pages of 16 tokens... see testdata/PROVENANCE.
 func (*Adapter) KV() *engines.KVContract {
@@ -81,6 +85,7 @@ func (*Adapter) KV() *engines.KVContract {
 		HashAlgo:     string(kvhash.SHA256SGLang),
 		HashAlgos:    []string{string(kvhash.SHA256SGLang)},
 		BlockSize:    16,
+		Layout:       engines.EventLayoutArray,
 		ZMQPort:      5557,
 		ReplayOffset: 1000,
 	}

@@ -21,7 +21,7 @@ import (
 var ErrRendezvous = errors.New("sim: bootstrap rendezvous failed")
 
 // bootstrapServer is a SGLang prefill's bootstrap server. A prefill request
-// carrying bootstrap_room R registers R and waits for a decode to join it;
+// carrying room R registers R and waits for a decode to join it;
 // the decode's join (POST /bootstrap/join) waits until the prefill has
 // computed the prompt and then learns how many tokens were transferred. A
 // leg whose peer does not arrive within the timeout fails, so a pair sent
@@ -139,8 +139,8 @@ func (b *bootstrapServer) finish(id uint64, r *room, tokens int, err error) {
 	b.drop(id, r)
 }
 
-// handle serves POST /bootstrap/join {"bootstrap_room", "prompt_tokens"}:
-// it answers 200 {"bootstrap_room","transferred_tokens"} once the prefill of
+// handle serves POST /bootstrap/join {"room", "prompt_tokens"}: it answers
+// 200 {"room","transferred_tokens"} once the prefill of
 // that room has run, 504 when no prefill arrives in time, 409 on a second
 // decode, 500 when the prefill failed.
 func (b *bootstrapServer) handle(ctx *fasthttp.RequestCtx) {
@@ -151,12 +151,12 @@ func (b *bootstrapServer) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	var req struct {
-		Room         *uint64 `json:"bootstrap_room"`
+		Room         *uint64 `json:"room"`
 		PromptTokens int     `json:"prompt_tokens"`
 	}
 	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil || req.Room == nil {
 		ctx.SetStatusCode(fasthttp.StatusBadRequest)
-		ctx.SetBodyString(`{"error":"join needs bootstrap_room"}`)
+		ctx.SetBodyString(`{"error":"join needs room"}`)
 		return
 	}
 	id := *req.Room
@@ -197,7 +197,7 @@ func (b *bootstrapServer) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBody(mustJSON(map[string]string{"error": fmt.Sprintf("bootstrap room %d: prefill computed %d prompt tokens, decode has %d", id, r.tokens, req.PromptTokens)}))
 		return
 	}
-	ctx.SetBody(mustJSON(map[string]any{"bootstrap_room": id, "transferred_tokens": r.tokens}))
+	ctx.SetBody(mustJSON(map[string]any{"room": id, "transferred_tokens": r.tokens}))
 }
 
 // bootstrapClient is a SGLang decode's side of the rendezvous. The zero
@@ -227,7 +227,7 @@ func (c *bootstrapClient) join(ctx context.Context, t *BootstrapTriple, promptTo
 		host = "[" + host + "]"
 	}
 	url := "http://" + host + ":" + strconv.FormatInt(t.Port, 10) + "/bootstrap/join"
-	body := mustJSON(map[string]any{"bootstrap_room": t.Room, "prompt_tokens": promptTokens})
+	body := mustJSON(map[string]any{"room": t.Room, "prompt_tokens": promptTokens})
 	ctx, cancel := context.WithTimeout(ctx, timeout+5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(body)))

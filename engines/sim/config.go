@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,10 +26,10 @@ const (
 // Event encodings a vLLM or SGLang simulator can publish.
 const (
 	// EncodingArray is the tagged-array event layout (vLLM ≤ 0.23, SGLang 0.5.x).
-	EncodingArray = "array"
+	EncodingArray = engines.EventLayoutArray
 	// EncodingMap is the tagged-map event layout (vLLM after PR #42892,
 	// SGLang after PR #37482).
-	EncodingMap = "map"
+	EncodingMap = engines.EventLayoutMap
 )
 
 // KVEventsOff disables the KV event publisher when used as Config.KVEvents.
@@ -161,31 +162,28 @@ func (c Config) withDefaults() (Config, error) {
 	if c.BlockSize < 0 || c.BlockSize > kvhash.MaxBlockSize {
 		return c, fmt.Errorf("%w: block size %d out of range 1..%d", ErrConfig, c.BlockSize, kvhash.MaxBlockSize)
 	}
+	// Block size, hash algorithm and event transport are the engine's
+	// adapter's KV contract. An engine without one (llama.cpp) still keeps
+	// a prefix cache: it is modelled with vLLM's hash and 16-token blocks,
+	// and publishes nothing.
+	kv := engines.MustFor(c.Engine).KV()
 	if c.BlockSize == 0 {
 		c.BlockSize = 16
-		if c.Engine == engines.TRTLLM {
-			c.BlockSize = 32
+		if kv != nil {
+			c.BlockSize = kv.BlockSize
 		}
 	}
-	switch c.Engine {
-	case engines.VLLM, engines.LlamaCpp:
-		switch c.HashAlgo {
-		case "":
-			c.HashAlgo = string(kvhash.SHA256CBOR)
-		case string(kvhash.SHA256CBOR), string(kvhash.XXHashCBOR):
-		default:
-			return c, fmt.Errorf("%w: hash algo %q for %s: valid algorithms are sha256_cbor, xxhash_cbor", ErrConfig, c.HashAlgo, c.Engine)
-		}
-	case engines.SGLang:
-		if c.HashAlgo != "" && c.HashAlgo != string(kvhash.SHA256SGLang) {
-			return c, fmt.Errorf("%w: hash algo %q for sglang: the only algorithm is sha256_sglang", ErrConfig, c.HashAlgo)
-		}
-		c.HashAlgo = string(kvhash.SHA256SGLang)
-	case engines.TRTLLM:
-		if c.HashAlgo != "" && c.HashAlgo != trtHashAlgo {
-			return c, fmt.Errorf("%w: hash algo %q for trtllm: the only algorithm is %s", ErrConfig, c.HashAlgo, trtHashAlgo)
-		}
-		c.HashAlgo = trtHashAlgo
+	algos := []string{string(kvhash.SHA256CBOR), string(kvhash.XXHashCBOR)}
+	if kv != nil {
+		algos = kv.HashAlgos
+	}
+	switch {
+	case c.HashAlgo == "":
+		c.HashAlgo = algos[0]
+	case !slices.Contains(algos, c.HashAlgo) && len(algos) == 1:
+		return c, fmt.Errorf("%w: hash algo %q for %s: the only algorithm is %s", ErrConfig, c.HashAlgo, c.Engine, algos[0])
+	case !slices.Contains(algos, c.HashAlgo):
+		return c, fmt.Errorf("%w: hash algo %q for %s: valid algorithms are %s", ErrConfig, c.HashAlgo, c.Engine, strings.Join(algos, ", "))
 	}
 	if c.HashSeed == "" {
 		c.HashSeed = "0"
@@ -193,14 +191,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.KVEvents == "" {
 		c.KVEvents = defaultEventsEndpoint
 	}
-	if c.Engine == engines.TRTLLM || c.Engine == engines.LlamaCpp {
+	if !kv.PublishesZMQ() {
 		c.KVEvents = KVEventsOff
 	}
 	switch c.EventEncoding {
 	case "":
 		c.EventEncoding = EncodingMap
-		if c.Engine == engines.SGLang {
-			c.EventEncoding = EncodingArray
+		if kv != nil && kv.Layout != "" {
+			c.EventEncoding = kv.Layout
 		}
 	case EncodingArray, EncodingMap:
 	default:
@@ -244,6 +242,3 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	return c, nil
 }
-
-// trtHashAlgo is the hash_algo TensorRT-LLM reports for its classic block key.
-const trtHashAlgo = "v1_block_key"

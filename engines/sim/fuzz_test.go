@@ -35,8 +35,12 @@ func FuzzParseGenRequest(f *testing.F) {
 		if _, err := parsePrompt(r.Prompt, "prompt"); err != nil && !errors.Is(err, errBadRequest) {
 			t.Fatalf("prompt error %v does not wrap errBadRequest", err)
 		}
-		if _, err := parseTriple(r); err != nil && !errors.Is(err, errBadRequest) {
-			t.Fatalf("bootstrap error %v does not wrap errBadRequest", err)
+		for _, a := range engines.Registered() {
+			if pd := a.PD(); pd != nil {
+				if _, err := pd.ParseLeg(body); err != nil && !errors.Is(err, engines.ErrPDBody) {
+					t.Fatalf("%s P/D fields: error %v does not wrap engines.ErrPDBody", a.Kind(), err)
+				}
+			}
 		}
 	})
 }

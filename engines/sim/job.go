@@ -8,17 +8,20 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/tokenizer"
+	"github.com/llmgw/llmgw/engines/trtllm"
 )
 
 // trtKnownFields are the top-level request fields trtllm-serve's pydantic
-// models accept (extra="forbid"); any other field is a 400 naming it, so a
-// leaked kv_transfer_params or bootstrap field fails loudly.
+// models accept (extra="forbid"); any other field is a 400 naming it, so
+// another engine's leaked hand-off field fails loudly. The hand-off field
+// itself is added from engines/trtllm.
 var trtKnownFields = map[string]bool{
-	"model": true, "messages": true, "prompt": true, "max_tokens": true, "max_completion_tokens": true,
+	trtllm.Field: true,
+	"model":      true, "messages": true, "prompt": true, "max_tokens": true, "max_completion_tokens": true,
 	"stream": true, "stream_options": true, "user": true, "metadata": true, "temperature": true, "top_p": true,
 	"top_k": true, "n": true, "stop": true, "seed": true, "frequency_penalty": true, "presence_penalty": true,
 	"logprobs": true, "top_logprobs": true, "echo": true, "ignore_eos": true, "min_tokens": true,
-	"disaggregated_params": true, "prompt_token_ids": true, "tools": true, "tool_choice": true,
+	"prompt_token_ids": true, "tools": true, "tool_choice": true,
 	"response_format": true, "add_generation_prompt": true, "chat_template_kwargs": true, "lora_request": true,
 	"best_of": true, "logit_bias": true, "suffix": true, "repetition_penalty": true, "length_penalty": true,
 	"skip_special_tokens": true, "spaces_between_special_tokens": true, "return_context_logits": true,
@@ -115,7 +118,7 @@ func (s *Sim) buildJob(ctx *fasthttp.RequestCtx, api apiKind, req *genRequest, r
 		return nil, engineBadRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxModelLen, len(job.prompt))
 	}
 	job.rec = *rec
-	if rerr := s.parsePD(job); rerr != nil {
+	if rerr := s.parsePD(job, ctx.PostBody()); rerr != nil {
 		*rec = job.rec
 		return nil, rerr
 	}

@@ -83,7 +83,7 @@ func TestVLLMNixlHandOff(t *testing.T) {
 		})
 	}
 	pr := p.Receipts()[0]
-	if pr.MaxTokens != 1 || pr.Role != RolePrefill || len(pr.KVTransferParamsOut) == 0 || pr.RequestID != "pd-1" {
+	if pr.MaxTokens != 1 || pr.Role != RolePrefill || len(pr.HandOffOut) == 0 || pr.RequestID != "pd-1" {
 		t.Errorf("prefill receipt: %+v", pr)
 	}
 }

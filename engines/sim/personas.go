@@ -8,7 +8,9 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/sglang"
 	"github.com/llmgw/llmgw/engines/tokenizer"
+	"github.com/llmgw/llmgw/engines/trtllm"
 )
 
 func (s *Sim) routeVLLM(ctx *fasthttp.RequestCtx, path string) {
@@ -63,7 +65,7 @@ func (s *Sim) routeSGLang(ctx *fasthttp.RequestCtx, path string) {
 				kstr("disaggregation_mode", sglangMode(s.cfg.Role))
 			if s.boot != nil {
 				port := portOf(s.boot.addr)
-				w.key("disaggregation_bootstrap_port").raw([]byte(port))
+				w.key(sglang.ServerInfoBootstrapPort).raw([]byte(port))
 			}
 			if s.addrs.Events != "" {
 				kv := mustJSON(map[string]string{"publisher": "zmq", "endpoint": s.addrs.Events, "replay_endpoint": s.addrs.Replay})
@@ -124,7 +126,7 @@ func (s *Sim) routeTRT(ctx *fasthttp.RequestCtx, path string) {
 		s.onlyGet(ctx, func() {
 			w := &jw{}
 			w.obj().kstr("model", s.cfg.Model).kint("tokens_per_block", int64(s.cfg.BlockSize)).
-				kstr("kv_cache_hash_algo", trtHashAlgo).kstr("disaggregated_role", trtRole(s.cfg.Role)).end()
+				kstr("kv_cache_hash_algo", trtllm.ReportedHashAlgo).kstr("disaggregated_role", trtRole(s.cfg.Role)).end()
 			ctx.SetContentType("application/json")
 			ctx.SetBody(w.b)
 		})

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"sync"
 	"time"
+
+	"github.com/llmgw/llmgw/engines"
 )
 
 // Receipt is the evidence one request leaves: what arrived, what the
@@ -43,14 +45,13 @@ type Receipt struct {
 	PrefillCostUS int64 `json:"prefill_cost_us"`
 	// QueuedUS is how long the request waited for a serving slot.
 	QueuedUS int64 `json:"queued_us"`
-	// KVTransferParams is the vLLM kv_transfer_params the request carried.
-	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
-	// KVTransferParamsOut is the kv_transfer_params a vLLM prefill returned.
-	KVTransferParamsOut json.RawMessage `json:"kv_transfer_params_out,omitempty"`
-	// Bootstrap is the SGLang bootstrap triple the request carried.
-	Bootstrap *BootstrapTriple `json:"bootstrap,omitempty"`
-	// DisaggregatedParams is the TensorRT-LLM disaggregated_params received.
-	DisaggregatedParams json.RawMessage `json:"disaggregated_params,omitempty"`
+	// HandOff is the engine's hand-off object the request carried (vLLM's
+	// NIXL params, TensorRT-LLM's disaggregated params), as sent.
+	HandOff json.RawMessage `json:"handoff,omitempty"`
+	// HandOffOut is the hand-off object a prefill (context) answered with.
+	HandOffOut json.RawMessage `json:"handoff_out,omitempty"`
+	// Bootstrap is the rendezvous triple the request carried (SGLang).
+	Bootstrap *BootstrapTriple `json:"rendezvous,omitempty"`
 	// Status is the HTTP status sent (200 once a stream started).
 	Status int `json:"status"`
 	// Error is the error message sent, if any.
@@ -61,12 +62,9 @@ type Receipt struct {
 	Crashed bool `json:"crashed,omitempty"`
 }
 
-// BootstrapTriple is SGLang's P/D rendezvous key.
-type BootstrapTriple struct {
-	Host string `json:"bootstrap_host"`
-	Port int64  `json:"bootstrap_port"`
-	Room uint64 `json:"bootstrap_room"`
-}
+// BootstrapTriple is the rendezvous key of the concurrent P/D shape
+// (SGLang's bootstrap host, port and room).
+type BootstrapTriple = engines.Rendezvous
 
 // maxReceipts bounds the receipt log; older receipts are dropped first.
 const maxReceipts = 10000

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/trtllm"
+	"github.com/llmgw/llmgw/engines/vllm"
 )
 
 // sseChunk is one SSE event of a stream; token chunks carry a generated
@@ -81,8 +83,8 @@ func (s *Sim) renderFull(job *genJob, out *genOutcome) []byte {
 		w.knull("matched_stop")
 	case engines.TRTLLM:
 		w.knull("stop_reason")
-		if p := job.pd.trtParamsOut; p != nil {
-			w.key("disaggregated_params").raw(p)
+		if p := job.pd.paramsOut; p != nil {
+			w.key(trtllm.Field).raw(p)
 		}
 	}
 	w.end().aend()
@@ -93,13 +95,13 @@ func (s *Sim) renderFull(job *genJob, out *genOutcome) []byte {
 	switch s.cfg.Engine {
 	case engines.VLLM:
 		w.knull("prompt_logprobs")
-		if p := job.pd.kvParamsOut; p != nil {
-			w.key("kv_transfer_params").raw(p)
+		if p := job.pd.paramsOut; p != nil {
+			w.key(vllm.AnswerField).raw(p)
 		} else {
-			w.knull("kv_transfer_params")
+			w.knull(vllm.AnswerField)
 		}
 	case engines.TRTLLM:
-		if job.pd.trtParamsOut != nil {
+		if job.pd.paramsOut != nil {
 			w.key("prompt_token_ids").ints(job.prompt)
 		}
 	}

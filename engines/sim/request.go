@@ -35,15 +35,11 @@ type genRequest struct {
 	User      *string         `json:"user"`
 	Metadata  json.RawMessage `json:"metadata"`
 
-	// vLLM NIXL P/D.
-	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
-	// SGLang P/D.
-	BootstrapHost json.RawMessage `json:"bootstrap_host"`
-	BootstrapPort json.RawMessage `json:"bootstrap_port"`
-	BootstrapRoom json.RawMessage `json:"bootstrap_room"`
-	// TensorRT-LLM P/D.
-	DisaggregatedParams json.RawMessage `json:"disaggregated_params"`
-	PromptTokenIDs      []uint32        `json:"prompt_token_ids"`
+	// The P/D hand-off fields are read by the engine's adapter
+	// (engines.PDProtocol.ParseLeg), not here.
+
+	// TensorRT-LLM generation requests.
+	PromptTokenIDs []uint32 `json:"prompt_token_ids"`
 
 	// SGLang native /generate.
 	Text           json.RawMessage `json:"text"`

@@ -25,6 +25,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // the personas' adapters
 	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/engines/tokenizer"
 )
@@ -64,6 +65,8 @@ type Sim struct {
 	serveErr chan error
 	addrs    Addrs
 	engineID string
+	// adapter is the persona's engine contract (engines/<engine>).
+	adapter engines.Adapter
 
 	tok    tokenizer.Tokenizer
 	render tokenizer.Renderer
@@ -102,6 +105,9 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 		return nil, err
 	}
 	s := &Sim{cfg: cfg, serveErr: make(chan error, 1)}
+	if s.adapter, err = engines.For(cfg.Engine); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	for i := 0; i < cfg.DPRanks; i++ {
 		s.ranks = append(s.ranks, &dpRank{cache: newPrefixCache(cfg.CacheBlocks)})
 	}
@@ -109,16 +115,17 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 	if err := s.initTokenizer(); err != nil {
 		return nil, err
 	}
-	switch cfg.Engine {
-	case engines.VLLM, engines.SGLang, engines.LlamaCpp:
+	// An engine whose events are drained over HTTP (TensorRT-LLM) publishes
+	// token ids, not keys; the others key their prefix cache by the hash.
+	if kv := s.adapter.KV(); kv != nil && kv.Transport == engines.EventsHTTPPoll {
+		s.trt = newTRTEventQueue(cfg.CacheBlocks)
+		s.trt.faults = &s.faults
+	} else {
 		h, err := kvhash.New(kvhash.Algo(cfg.HashAlgo), cfg.BlockSize, cfg.HashSeed)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 		s.hasher = h
-	case engines.TRTLLM:
-		s.trt = newTRTEventQueue(cfg.CacheBlocks)
-		s.trt.faults = &s.faults
 	}
 	if cfg.MaxConcurrency > 0 {
 		s.slots = make(chan struct{}, cfg.MaxConcurrency)
@@ -183,27 +190,25 @@ const idleWorkerCheck = 100 * time.Millisecond
 const maxBodyBytes = 16 << 20
 
 func (s *Sim) startSidecars() error {
-	switch s.cfg.Engine {
-	case engines.VLLM, engines.SGLang:
-		if s.cfg.KVEvents != KVEventsOff {
-			for r, rank := range s.ranks {
-				hub, err := newEventHub(s.ctx, s.cfg, &s.faults, r)
-				if err != nil {
-					return err
-				}
-				rank.events = hub
-				ev, rp := hub.addrs()
-				if r == 0 {
-					s.addrs.Events, s.addrs.Replay = ev, rp
-				}
-				if len(s.ranks) > 1 {
-					s.addrs.EventsByRank = append(s.addrs.EventsByRank, ev)
-					s.addrs.ReplayByRank = append(s.addrs.ReplayByRank, rp)
-				}
+	// KVEvents is off unless the adapter's transport is ZMQ (withDefaults).
+	if s.cfg.KVEvents != KVEventsOff {
+		for r, rank := range s.ranks {
+			hub, err := newEventHub(s.ctx, s.cfg, &s.faults, r)
+			if err != nil {
+				return err
+			}
+			rank.events = hub
+			ev, rp := hub.addrs()
+			if r == 0 {
+				s.addrs.Events, s.addrs.Replay = ev, rp
+			}
+			if len(s.ranks) > 1 {
+				s.addrs.EventsByRank = append(s.addrs.EventsByRank, ev)
+				s.addrs.ReplayByRank = append(s.addrs.ReplayByRank, rp)
 			}
 		}
 	}
-	if s.cfg.Engine == engines.SGLang && s.cfg.Role != RoleDecode {
+	if pd := s.adapter.PD(); pd != nil && pd.BootstrapPort() != 0 && s.cfg.Role != RoleDecode {
 		b, err := startBootstrap(s.ctx, s.cfg.BootstrapListen, s.cfg.RendezvousTimeout)
 		if err != nil {
 			return err

@@ -3,7 +3,6 @@ package trtllm
 import (
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"strconv"
 
 	"github.com/valyala/fastjson"
@@ -78,9 +77,7 @@ func (pd) HandOff(answer []byte, _ *engines.PDPair) engines.HandOff {
 	if dp == nil || dp.Type() != fastjson.TypeObject {
 		return engines.HandOff{Missing: "params-missing"}
 	}
-	var a fastjson.Arena
-	dp.Set("request_type", a.NewString(generationOnly))
-	return engines.HandOff{Params: dp.MarshalTo(nil)}
+	return engines.HandOff{Params: pd{}.CarryParams(dp.MarshalTo(nil))}
 }
 
 func (pd) DecodeBody(body []byte, _ *engines.PDPair, h engines.HandOff) ([]byte, error) {
@@ -90,7 +87,7 @@ func (pd) DecodeBody(body []byte, _ *engines.PDPair, h engines.HandOff) ([]byte,
 	var p fastjson.Parser
 	dp, err := p.ParseBytes(h.Params)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", engines.ErrPDBody, handOffField, err)
+		return nil, engines.PDErrorf("%s: %v", handOffField, err)
 	}
 	return engines.RewriteJSON(body, func(v *fastjson.Value, _ *fastjson.Arena) {
 		v.Set(handOffField, dp)
@@ -107,20 +104,27 @@ type disaggParams struct {
 // ParseLeg reads disaggregated_params: context_only is a prefill leg,
 // generation_only a decode leg, which must carry the context's
 // encoded_opaque_state (base64).
-func (pd) ParseLeg(body []byte) (engines.PDLeg, error) {
+func (p pd) ParseLeg(body []byte) (engines.PDLeg, error) {
 	var req struct {
 		DP json.RawMessage `json:"disaggregated_params"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
-		return engines.PDLeg{}, fmt.Errorf("%w: %v", engines.ErrPDBody, err)
+		return engines.PDLeg{}, engines.PDErrorf("%v", err)
 	}
 	if engines.IsJSONNull(req.DP) {
 		return engines.PDLeg{}, nil
 	}
-	leg := engines.PDLeg{Raw: append([]byte(nil), req.DP...), RemoteBlocks: -1, RemoteTokens: -1}
+	return p.ParseHandOff(req.DP)
+}
+
+func (pd) ParseHandOff(raw []byte) (engines.PDLeg, error) {
+	if engines.IsJSONNull(raw) {
+		return engines.PDLeg{}, nil
+	}
+	leg := engines.PDLeg{Raw: append([]byte(nil), raw...), RemoteBlocks: -1, RemoteTokens: -1}
 	var dp disaggParams
-	if err := json.Unmarshal(req.DP, &dp); err != nil {
-		return leg, fmt.Errorf("%w: %s: %v", engines.ErrPDBody, handOffField, err)
+	if err := json.Unmarshal(raw, &dp); err != nil {
+		return leg, engines.PDErrorf("%s: %v", handOffField, err)
 	}
 	leg.RequestRef = dp.DisaggRequestID
 	switch dp.RequestType {
@@ -129,17 +133,33 @@ func (pd) ParseLeg(body []byte) (engines.PDLeg, error) {
 	case generationOnly:
 		leg.Role = engines.PDLegDecode
 		if dp.EncodedOpaqueState == nil {
-			return leg, fmt.Errorf("%w: %s: %s requires encoded_opaque_state", engines.ErrPDBody, handOffField, generationOnly)
+			return leg, engines.PDErrorf("%s: %s requires encoded_opaque_state", handOffField, generationOnly)
 		}
-		raw, err := base64.StdEncoding.DecodeString(*dp.EncodedOpaqueState)
+		st, err := base64.StdEncoding.DecodeString(*dp.EncodedOpaqueState)
 		if err != nil {
-			return leg, fmt.Errorf("%w: %s: encoded_opaque_state is not base64: %v", engines.ErrPDBody, handOffField, err)
+			return leg, engines.PDErrorf("%s: encoded_opaque_state is not a context state: %v", handOffField, err)
 		}
-		leg.Opaque, leg.HasOpaque = raw, true
+		leg.Opaque, leg.HasOpaque = st, true
 	default:
-		return leg, fmt.Errorf("%w: %s: unknown request_type %q", engines.ErrPDBody, handOffField, dp.RequestType)
+		return leg, engines.PDErrorf("%s: unknown request_type %q", handOffField, dp.RequestType)
 	}
 	return leg, nil
+}
+
+// CarryParams: the generation request carries the context's params with
+// request_type generation_only; nil when answered is not a JSON object.
+func (pd) CarryParams(answered []byte) []byte {
+	if fastjson.ValidateBytes(answered) != nil {
+		return nil
+	}
+	var p fastjson.Parser
+	dp, err := p.ParseBytes(answered)
+	if err != nil || dp.Type() != fastjson.TypeObject {
+		return nil
+	}
+	var a fastjson.Arena
+	dp.Set("request_type", a.NewString(generationOnly))
+	return dp.MarshalTo(nil)
 }
 
 // ParseLegAnswer returns choices[0].disaggregated_params of a context answer.
@@ -186,4 +206,9 @@ func AnswerParams(c ContextAnswer) []byte {
 		DisaggRequestID *int64   `json:"disagg_request_id,omitempty"`
 	}{contextOnly, toks, c.CtxRequestID, base64.StdEncoding.EncodeToString(c.Opaque), nil, c.DisaggRequestID})
 	return b
+}
+
+// Summary is the P/D runbook's evidence phrase.
+func (pd) Summary() string {
+	return "context_only then generation_only with the context state carried"
 }

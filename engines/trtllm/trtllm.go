@@ -67,6 +67,17 @@ func (*Adapter) ParseVersion(body []byte) (string, error) {
 
 func (*Adapter) Metrics() engines.MetricNames { return engines.MetricNames{} }
 
+// ReportedHashAlgo is the kv_cache_hash_algo trtllm-serve reports for its
+// classic engine block key ("v1_block_key"; kvhash.TRTLLMBlockKey computes
+// it). It is TensorRT-LLM's name for its lookup handle, not an llmgw
+// algorithm: the routing keys llmgw derives from TRT's events are
+// blockhash_trtllm (KV().HashAlgo), the only name llmgw gives TRT's
+// algorithm.
+const ReportedHashAlgo = "v1_block_key"
+
+// Tokenize: trtllm-serve has no tokenize endpoint.
+func (*Adapter) Tokenize() *engines.TokenizeShape { return nil }
+
 // KV: HTTP drain of /kv_cache_events (destructive: one consumer).
 func (*Adapter) KV() *engines.KVContract {
 	return &engines.KVContract{

@@ -132,7 +132,7 @@ func (pd) DecodeBody(body []byte, _ *engines.PDPair, h engines.HandOff) ([]byte,
 	var p fastjson.Parser
 	kv, err := p.ParseBytes(h.Params)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", engines.ErrPDBody, handOffField, err)
+		return nil, engines.PDErrorf("%s: %v", handOffField, err)
 	}
 	return engines.RewriteJSON(body, func(v *fastjson.Value, _ *fastjson.Arena) {
 		v.Set(handOffField, kv)
@@ -149,24 +149,31 @@ type kvParams struct {
 
 // ParseLeg reads kv_transfer_params: do_remote_decode marks a prefill leg,
 // do_remote_prefill with blocks a decode leg.
-func (pd) ParseLeg(body []byte) (engines.PDLeg, error) {
+func (p pd) ParseLeg(body []byte) (engines.PDLeg, error) {
 	var req struct {
 		KV json.RawMessage `json:"kv_transfer_params"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
-		return engines.PDLeg{}, fmt.Errorf("%w: %v", engines.ErrPDBody, err)
+		return engines.PDLeg{}, engines.PDErrorf("%v", err)
 	}
 	if engines.IsJSONNull(req.KV) {
 		return engines.PDLeg{}, nil
 	}
-	leg := engines.PDLeg{Raw: append([]byte(nil), req.KV...), RemoteBlocks: -1, RemoteTokens: -1}
+	return p.ParseHandOff(req.KV)
+}
+
+func (pd) ParseHandOff(raw []byte) (engines.PDLeg, error) {
+	if engines.IsJSONNull(raw) {
+		return engines.PDLeg{}, nil
+	}
+	leg := engines.PDLeg{Raw: append([]byte(nil), raw...), RemoteBlocks: -1, RemoteTokens: -1}
 	var kv kvParams
-	if err := json.Unmarshal(req.KV, &kv); err != nil {
-		return leg, fmt.Errorf("%w: %s: %v", engines.ErrPDBody, handOffField, err)
+	if err := json.Unmarshal(raw, &kv); err != nil {
+		return leg, engines.PDErrorf("%s: %v", handOffField, err)
 	}
 	n, err := countBlockIDs(kv.RemoteBlockIDs)
 	if err != nil {
-		return leg, fmt.Errorf("%w: %s: %v", engines.ErrPDBody, handOffField, err)
+		return leg, engines.PDErrorf("%s: %v", handOffField, err)
 	}
 	leg.RemoteBlocks = n
 	if kv.RemoteNumTokens != nil {
@@ -180,6 +187,10 @@ func (pd) ParseLeg(body []byte) (engines.PDLeg, error) {
 	}
 	return leg, nil
 }
+
+// CarryParams: the decode sends the prefill's kv_transfer_params back
+// unchanged.
+func (pd) CarryParams(answered []byte) []byte { return answered }
 
 // countBlockIDs counts remote_block_ids: a flat list, or one list per KV
 // cache group (hybrid models), in which case the first group counts.
@@ -243,3 +254,8 @@ func AnswerParams(a PrefillAnswer) []byte {
 // AnswerField is the answer field the prefill's hand-off goes in (top
 // level, next to "choices").
 const AnswerField = handOffField
+
+// Summary is the P/D runbook's evidence phrase.
+func (pd) Summary() string {
+	return "prefill leg max_tokens 1, kv_transfer_params handed to the decode, KV pulled not recomputed"
+}

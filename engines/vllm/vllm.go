@@ -90,6 +90,17 @@ func (*Adapter) Metrics() engines.MetricNames {
 	}
 }
 
+// Tokenize: POST /tokenize with TokenizeCompletionRequest {model, prompt,
+// add_special_tokens (default true)} or TokenizeChatRequest {model,
+// messages, ...}; the answer is TokenizeResponse {count, max_model_len,
+// tokens, token_strs} (vllm/entrypoints/openai/protocol.py).
+func (*Adapter) Tokenize() *engines.TokenizeShape {
+	return &engines.TokenizeShape{
+		TextField: "prompt", MessagesField: "messages", AddSpecialField: "add_special_tokens", AddSpecialDefault: true,
+		ModelField: "model", TokensField: "tokens",
+	}
+}
+
 // KV: ZMQ PUB of msgpack batches (--kv-events-config publisher "zmq",
 // endpoint tcp://*:5557, replay endpoint optional), sha256_cbor blocks of
 // 16 tokens.
@@ -99,6 +110,7 @@ func (*Adapter) KV() *engines.KVContract {
 		HashAlgo:     string(kvhash.SHA256CBOR),
 		HashAlgos:    []string{string(kvhash.SHA256CBOR), string(kvhash.XXHashCBOR)},
 		BlockSize:    16,
+		Layout:       engines.EventLayoutMap,
 		ZMQPort:      5557,
 		ReplayOffset: 1000,
 	}

@@ -212,12 +212,8 @@ func NewIngester(cfg IngestConfig, x *Index) (*Ingester, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	transport := engines.EventsNone
-	if a.KV() != nil {
-		transport = a.KV().Transport
-	}
-	switch transport {
-	case engines.EventsZMQ:
+	switch kv := a.KV(); {
+	case kv.PublishesZMQ():
 		if len(cfg.ZMQ) == 0 {
 			return nil, fmt.Errorf("%w: %s needs at least one ZMQ endpoint", ErrConfig, cfg.Engine)
 		}
@@ -236,7 +232,7 @@ func NewIngester(cfg IngestConfig, x *Index) (*Ingester, error) {
 		for i, ep := range cfg.ZMQ {
 			g.streams[i] = streamSeq{endpoint: ep, lastSeq: -1}
 		}
-	case engines.EventsHTTPPoll:
+	case kv.PolledOverHTTP():
 		// The HTTP drain decoder is TensorRT-LLM's JSON event format, the
 		// only engine with this transport.
 		if err := g.initTRT(); err != nil {

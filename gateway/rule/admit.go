@@ -408,6 +408,18 @@ func checkPD(r *Rule) *AdmissionError {
 		if prefill == 0 || decode == 0 {
 			return bad(CodePDRoles, "endpoints", "pd_disagg_mode requires at least 1 prefill (ep_role 1) and 1 decode (ep_role 2) endpoint; got %d prefill and %d decode", prefill, decode)
 		}
+		// One connector per deployment: with KV ports on some endpoints
+		// only, some pairs would rendezvous by request id (P2P-NCCL) and
+		// others by the NIXL hand-off.
+		withKV := 0
+		for _, ep := range r.Endpoints {
+			if ep.EPRole != 0 && ep.NixlPort != 0 {
+				withKV++
+			}
+		}
+		if withKV != 0 && withKV != prefill+decode {
+			return bad(CodeEndpointNixlPort, "endpoints", "nixl_port is set on %d of %d prefill and decode endpoints; vLLM's P2P-NCCL connector needs it on all of them (or on none, for NIXL)", withKV, prefill+decode)
+		}
 		return nil
 	}
 	if prefill+decode > 0 {

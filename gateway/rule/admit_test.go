@@ -110,6 +110,10 @@ func TestAdmitRules(t *testing.T) {
 			r.KVEngineType = "vllm"
 			r.Endpoints[0].NixlPort, r.Endpoints[1].NixlPort = 9001, 9002
 		}},
+		{name: "nixl port on some P/D endpoints only is refused", base: pdRule, mutate: func(r *Rule) {
+			r.KVEngineType = "vllm"
+			r.Endpoints[0].NixlPort = 9001
+		}, wantCode: CodeEndpointNixlPort},
 		{name: "nixl port on a plain rule is refused", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].NixlPort = 9001 }, wantCode: CodeEndpointNixlPort},
 		{name: "nixl port on an SGLang P/D rule is refused", base: pdRule, mutate: func(r *Rule) { r.Endpoints[0].NixlPort = 9001 }, wantCode: CodeEndpointNixlPort},
 		{name: "endpoint bootstrap port on vllm", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].BootstrapPort = 9000 }, wantCode: CodeEndpointBootstrap},

@@ -73,7 +73,12 @@ type Endpoint struct {
 	KVReplayEndpoint string `json:"kvReplayEndpoint,omitempty"`
 	// BootstrapPort overrides pdBootstrapPort for this prefill endpoint.
 	BootstrapPort int `json:"bootstrapPort,omitempty"`
-	// NixlPort is the vLLM KV-transfer side-channel port; default targetPort.
+	// NixlPort is the endpoint's KV-transfer port for vLLM's P2P-NCCL
+	// connector (prefill and decode endpoints of a vLLM P/D rule only; no
+	// default). When either endpoint of a pair has one, both legs carry
+	// the P2P-NCCL request id naming the pair's KV addresses (an endpoint
+	// without one is named by its targetPort); otherwise the NIXL hand-off
+	// travels in the prefill's answer and needs no port.
 	NixlPort int `json:"nixl_port,omitempty"`
 }
 

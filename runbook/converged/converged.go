@@ -63,7 +63,7 @@ var Modes = []string{"rr", "chwbl", "exact"}
 
 // Defaults of Options.
 const (
-	DefaultEngine  = profiles.EngineVLLM
+	DefaultEngine  = string(engines.VLLM)
 	DefaultProfile = "qwen3-0.6b"
 	DefaultMode    = "exact"
 	DefaultWorkers = 3
@@ -144,8 +144,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("converged: %w", err)
 	}
 	o.Catalog = c
-	if !slices.Contains(profiles.Engines(), o.Engine) {
-		return fmt.Errorf("%w: unknown engine %q (valid: %s)", ErrInvalid, o.Engine, strings.Join(profiles.Engines(), ", "))
+	if !slices.Contains(engines.Names(nil), o.Engine) {
+		return fmt.Errorf("%w: unknown engine %q (valid: %s)", ErrInvalid, o.Engine, strings.Join(engines.Names(nil), ", "))
 	}
 	if _, err := o.Catalog.Get(o.Profile); err != nil {
 		return fmt.Errorf("%w: unknown profile %q (valid: %s)", ErrInvalid, o.Profile, strings.Join(o.Catalog.IDs(), ", "))
@@ -153,8 +153,8 @@ func (o *Options) Validate() error {
 	if !slices.Contains(Modes, o.Mode) {
 		return fmt.Errorf("%w: unknown mode %q (valid: %s)", ErrInvalid, o.Mode, strings.Join(Modes, ", "))
 	}
-	if o.Engine == profiles.EngineLlamaCpp && o.Mode == "exact" {
-		return fmt.Errorf("%w: mode exact needs KV events and llamacpp publishes none (valid modes for llamacpp: rr, chwbl)", ErrInvalid)
+	if engines.KVOf(engines.Kind(o.Engine)) == nil && o.Mode == "exact" {
+		return fmt.Errorf("%w: mode exact needs KV events and %s publishes none (valid modes for %s: rr, chwbl)", ErrInvalid, o.Engine, o.Engine)
 	}
 	if o.Workers < 1 || o.Workers > 64 {
 		return fmt.Errorf("%w: --workers %d: want 1..64", ErrInvalid, o.Workers)

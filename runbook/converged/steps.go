@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
-	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/runbook"
 	"github.com/llmgw/llmgw/runbook/labkit"
 )
@@ -229,14 +229,14 @@ func (s *state) buildRule(name string) *rule.Rule {
 		r.Sel = 8 // CHWBL is the fallback on a KV miss
 		r.KVExactMode = 3
 		r.KVBlockSize = s.spec.BlockSize
-		if o.Engine == profiles.EngineVLLM {
+		if kv := engines.KVOf(engines.Kind(o.Engine)); kv != nil && kvhash.Algo(kv.HashAlgo).Seeded() {
 			seed := s.seed
 			r.KVHashSeed = &seed
 		}
 	}
 	for _, w := range s.workers {
 		ep := labkit.Endpoint(w.ID, w.HTTP)
-		if o.Mode == "exact" && o.Engine != profiles.EngineTRTLLM {
+		if o.Mode == "exact" && engines.KVOf(engines.Kind(o.Engine)).PublishesZMQ() {
 			ep.KVEventsEndpoint, ep.KVReplayEndpoint = w.Events, w.Replay
 			if w.Events == "" {
 				ep.KVReplayEndpoint = ""

@@ -86,13 +86,17 @@ func WaitClosed(ctx context.Context, addr string, timeout time.Duration) error {
 	return err
 }
 
-// LoadCatalog returns c, or the embedded catalog when c is nil.
+// LoadCatalog returns c, or the embedded catalog when c is nil, once the
+// engines' adapters found every profile coherent (CheckCatalog): a profile
+// an engine would reject never reaches a runbook.
 func LoadCatalog(c *profiles.Catalog) (*profiles.Catalog, error) {
-	if c != nil {
-		return c, nil
+	if c == nil {
+		var err error
+		if c, err = profiles.Load(); err != nil {
+			return nil, fmt.Errorf("labkit: %w", err)
+		}
 	}
-	c, err := profiles.Load()
-	if err != nil {
+	if err := CheckCatalog(c); err != nil {
 		return nil, fmt.Errorf("labkit: %w", err)
 	}
 	return c, nil

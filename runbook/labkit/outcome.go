@@ -5,8 +5,8 @@ import (
 	"errors"
 	"slices"
 
-	"github.com/llmgw/llmgw/engines/sim"
-	"github.com/llmgw/llmgw/profiles"
+	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // the adapters the lab asks
 	"github.com/llmgw/llmgw/runbook"
 )
 
@@ -61,14 +61,18 @@ func LaunchFailed(ctx context.Context, launcher string, err error) runbook.Outco
 	return FailErr(ctx, "ENGINE_LAUNCH_FAILED", err).With("launch-error.txt", ev)
 }
 
-// EventEncoding is the KV event encoding the simulators of engine publish
-// ("" for an engine whose events have one form only).
+// EventEncoding is the KV event layout the simulators of engine publish:
+// the engine adapter's KV().Layout ("" for an engine whose events have one
+// form only, or none).
 func EventEncoding(engine string) string {
-	switch engine {
-	case profiles.EngineVLLM:
-		return sim.EncodingMap
-	case profiles.EngineSGLang:
-		return sim.EncodingArray
+	a, err := engines.For(engines.Kind(engine))
+	if err != nil || a.KV() == nil {
+		return ""
 	}
-	return ""
+	return a.KV().Layout
 }
+
+// PublishesZMQ reports whether engine's workers publish KV events over ZMQ
+// (the adapter's KV().Transport), so that a launcher gives them a
+// publisher endpoint.
+func PublishesZMQ(engine string) bool { return engines.KVOf(engines.Kind(engine)).PublishesZMQ() }

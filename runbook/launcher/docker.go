@@ -203,7 +203,7 @@ func (d *Docker) Launch(ctx context.Context, spec runbook.LaunchSpec) ([]runbook
 		httpPort, eventsPort, replayPort := simHTTPPort, 0, 0
 		if simMode {
 			opts.Cmd = simArgs(spec)
-			if spec.KVEvents && (spec.Engine == "vllm" || spec.Engine == "sglang") {
+			if spec.KVEvents && engines.KVOf(engines.Kind(spec.Engine)).PublishesZMQ() {
 				eventsPort = simEventsPort
 			}
 		} else {
@@ -270,7 +270,7 @@ func simArgs(spec runbook.LaunchSpec) []string {
 	if spec.HashSeed != "" {
 		args = append(args, "--hash-seed", spec.HashSeed)
 	}
-	if spec.KVEvents && (spec.Engine == "vllm" || spec.Engine == "sglang") {
+	if spec.KVEvents && engines.KVOf(engines.Kind(spec.Engine)).PublishesZMQ() {
 		// Bound on every interface inside the container; the replay socket
 		// stays on the container's loopback, so the rule gets no replay
 		// endpoint from this launcher.

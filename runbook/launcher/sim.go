@@ -65,10 +65,11 @@ func (l *Sim) Launch(ctx context.Context, spec runbook.LaunchSpec) ([]runbook.Wo
 			Engine: kind, Model: spec.Model, BlockSize: spec.BlockSize, HashSeed: seed,
 			EventEncoding: spec.EventEncoding, KVEvents: sim.KVEventsOff,
 		}
-		if spec.KVEvents && (kind == engines.VLLM || kind == engines.SGLang) {
+		zmq := engines.KVOf(kind).PublishesZMQ()
+		if spec.KVEvents && zmq {
 			cfg.KVEvents = "tcp://127.0.0.1:0"
 		}
-		if kind == engines.TRTLLM || kind == engines.LlamaCpp {
+		if !zmq {
 			cfg.EventEncoding = ""
 		}
 		// The simulators outlive the launch step: they are owned by the

@@ -83,10 +83,11 @@ func (l *Sim) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill, de
 		for i := 1; i <= g.n; i++ {
 			cfg := sim.Config{Engine: kind, Model: spec.Model, Role: g.role, BlockSize: spec.BlockSize, HashSeed: seed,
 				EventEncoding: spec.EventEncoding, KVEvents: sim.KVEventsOff}
-			if spec.KVEvents && g.role == RolePrefill && (kind == engines.VLLM || kind == engines.SGLang) {
+			zmq := engines.KVOf(kind).PublishesZMQ()
+			if spec.KVEvents && g.role == RolePrefill && zmq {
 				cfg.KVEvents = "tcp://127.0.0.1:0"
 			}
-			if kind == engines.TRTLLM {
+			if !zmq {
 				cfg.EventEncoding = ""
 			}
 			// The simulators outlive the launch step: Stop closes them.
@@ -100,7 +101,9 @@ func (l *Sim) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill, de
 			a := s.Addrs()
 			w := Worker{Worker: runbook.Worker{ID: fmt.Sprintf("%s%d", g.prefix, i), HTTP: a.HTTP, Events: a.Events, Replay: a.Replay,
 				HealthPath: healthPath(spec), Owner: "sim:in-process"}, Role: g.role}
-			if g.role == RolePrefill && kind == engines.SGLang {
+			if g.role == RolePrefill && a.Bootstrap != "" {
+				// Only a rendezvous-shape prefill (SGLang) runs a bootstrap
+				// server.
 				w.Bootstrap = a.Bootstrap
 			}
 			out = append(out, w)
@@ -153,9 +156,14 @@ func (a *Attach) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill,
 	if prefill != len(a.Prefill) || decode != len(a.Decode) {
 		return nil, fmt.Errorf("pd: attach: %d prefill and %d decode workers asked for, %d and %d given", prefill, decode, len(a.Prefill), len(a.Decode))
 	}
+	// The engine's default bootstrap port (0: its P/D shape has none).
+	var defaultBoot int
+	if ad, err := engines.For(engines.Kind(spec.Engine)); err == nil && ad.PD() != nil {
+		defaultBoot = ad.PD().BootstrapPort()
+	}
 	bp := a.BootstrapPort
 	if bp == 0 {
-		bp = 8998
+		bp = defaultBoot
 	}
 	if len(a.BootstrapPorts) > 0 && len(a.BootstrapPorts) != len(a.Prefill) {
 		return nil, fmt.Errorf("pd: attach: %d bootstrap ports given for %d prefill endpoints", len(a.BootstrapPorts), len(a.Prefill))
@@ -171,7 +179,7 @@ func (a *Attach) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill,
 			if isSim && spec.KVEvents && g.role == RolePrefill {
 				w.Events, w.Replay = sa.Events, sa.Replay
 			}
-			if g.role == RolePrefill && spec.Engine == string(engines.SGLang) {
+			if g.role == RolePrefill && defaultBoot != 0 {
 				if isSim && sa.Bootstrap != "" {
 					w.Bootstrap = sa.Bootstrap
 				} else if host, _, err := net.SplitHostPort(ep); err == nil {

@@ -29,7 +29,7 @@
 //     receipt; negative requests leave no receipt (delivery lane)
 //  7. hand-off evidence  from the receipts of the delivered requests: both
 //     legs carried one request id; vLLM: the prefill leg had max_tokens 1
-//     and kv_transfer_params went out and came back into the decode leg;
+//     and its hand-off went out and came back into the decode leg;
 //     SGLang: the same bootstrap triple (host, port, room) on both legs, its
 //     port the chosen prefill's bootstrap port; TensorRT-LLM: context_only
 //     on the prefill leg, generation_only carrying the context state on the
@@ -47,14 +47,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/llmgw/llmgw/engines"
-	_ "github.com/llmgw/llmgw/engines/all" // the adapters the lab asks
 	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // Engines asks the registry at init
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/profiles"
@@ -64,12 +64,13 @@ import (
 	"github.com/llmgw/llmgw/runbook/labkit"
 )
 
-// Engines are the engines with a P/D hand-off (llama.cpp has none).
-var Engines = []string{profiles.EngineVLLM, profiles.EngineSGLang, profiles.EngineTRTLLM}
+// Engines are the engines whose adapter has a P/D protocol (llama.cpp has
+// none).
+var Engines = engines.Names(func(a engines.Adapter) bool { return a.PD() != nil })
 
 // Defaults of Options.
 const (
-	DefaultEngine  = profiles.EngineVLLM
+	DefaultEngine  = string(engines.VLLM)
 	DefaultProfile = "qwen3-0.6b"
 	DefaultPrefill = 2
 	DefaultDecode  = 1

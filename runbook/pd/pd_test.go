@@ -156,19 +156,19 @@ func TestCheckHandOff(t *testing.T) {
 	}{
 		{
 			name: "vllm good", engine: "vllm",
-			p: sim.Receipt{RequestID: "r", Role: "prefill", Status: 200, MaxTokens: 1, KVTransferParams: json.RawMessage(`{"do_remote_decode":true}`), KVTransferParamsOut: json.RawMessage(`{"do_remote_prefill":true,"remote_block_ids":[1]}`)},
-			d: sim.Receipt{RequestID: "r", Role: "decode", Status: 200, MaxTokens: 8, KVTransferParams: json.RawMessage(`{"remote_block_ids":[1],"do_remote_prefill":true}`), RemotePrefillTokens: 30},
+			p: sim.Receipt{RequestID: "r", Role: "prefill", Status: 200, MaxTokens: 1, HandOff: json.RawMessage(`{"do_remote_decode":true}`), HandOffOut: json.RawMessage(`{"do_remote_prefill":true,"remote_block_ids":[1]}`)},
+			d: sim.Receipt{RequestID: "r", Role: "decode", Status: 200, MaxTokens: 8, HandOff: json.RawMessage(`{"remote_block_ids":[1],"do_remote_prefill":true}`), RemotePrefillTokens: 30},
 		},
 		{
 			name: "vllm prefill not capped", engine: "vllm",
-			p:        sim.Receipt{RequestID: "r", Role: "prefill", Status: 200, MaxTokens: 8, KVTransferParams: json.RawMessage(`{"do_remote_decode":true}`), KVTransferParamsOut: json.RawMessage(`{"do_remote_prefill":true}`)},
-			d:        sim.Receipt{RequestID: "r", Role: "decode", Status: 200, KVTransferParams: json.RawMessage(`{"do_remote_prefill":true}`), RemotePrefillTokens: 30},
+			p:        sim.Receipt{RequestID: "r", Role: "prefill", Status: 200, MaxTokens: 8, HandOff: json.RawMessage(`{"do_remote_decode":true}`), HandOffOut: json.RawMessage(`{"do_remote_prefill":true}`)},
+			d:        sim.Receipt{RequestID: "r", Role: "decode", Status: 200, HandOff: json.RawMessage(`{"do_remote_prefill":true}`), RemotePrefillTokens: 30},
 			wantFail: []string{"prefill leg max_tokens 1"},
 		},
 		{
 			name: "two request ids", engine: "vllm",
-			p:        sim.Receipt{RequestID: "r", Role: "prefill", Status: 200, MaxTokens: 1, KVTransferParams: json.RawMessage(`{"do_remote_decode":true}`), KVTransferParamsOut: json.RawMessage(`{"do_remote_prefill":true}`)},
-			d:        sim.Receipt{RequestID: "other", Role: "decode", Status: 200, KVTransferParams: json.RawMessage(`{"do_remote_prefill":true}`), RemotePrefillTokens: 3},
+			p:        sim.Receipt{RequestID: "r", Role: "prefill", Status: 200, MaxTokens: 1, HandOff: json.RawMessage(`{"do_remote_decode":true}`), HandOffOut: json.RawMessage(`{"do_remote_prefill":true}`)},
+			d:        sim.Receipt{RequestID: "other", Role: "decode", Status: 200, HandOff: json.RawMessage(`{"do_remote_prefill":true}`), RemotePrefillTokens: 3},
 			wantFail: []string{"one request id on both legs"},
 		},
 		{
@@ -190,14 +190,14 @@ func TestCheckHandOff(t *testing.T) {
 		},
 		{
 			name: "trtllm carried", engine: "trtllm",
-			p: sim.Receipt{RequestID: "r", Role: "prefill", Status: 200, DisaggregatedParams: json.RawMessage(`{"request_type":"context_only"}`)},
-			d: sim.Receipt{RequestID: "r", Role: "decode", Status: 200, DisaggregatedParams: json.RawMessage(`{"request_type":"generation_only","encoded_opaque_state":"` + state + `"}`), RemotePrefillTokens: 9},
+			p: sim.Receipt{RequestID: "r", Role: "prefill", Status: 200, HandOff: json.RawMessage(`{"request_type":"context_only"}`), HandOffOut: json.RawMessage(`{"request_type":"context_only","encoded_opaque_state":"` + state + `"}`)},
+			d: sim.Receipt{RequestID: "r", Role: "decode", Status: 200, HandOff: json.RawMessage(`{"request_type":"generation_only","encoded_opaque_state":"` + state + `"}`), RemotePrefillTokens: 9},
 		},
 		{
 			name: "trtllm generation without state", engine: "trtllm",
-			p:        sim.Receipt{RequestID: "r", Role: "prefill", Status: 200, DisaggregatedParams: json.RawMessage(`{"request_type":"context_only"}`)},
-			d:        sim.Receipt{RequestID: "r", Role: "decode", Status: 200, DisaggregatedParams: json.RawMessage(`{"request_type":"generation_only"}`), RemotePrefillTokens: 9},
-			wantFail: []string{"decode leg generation_only with the context state"},
+			p:        sim.Receipt{RequestID: "r", Role: "prefill", Status: 200, HandOff: json.RawMessage(`{"request_type":"context_only"}`), HandOffOut: json.RawMessage(`{"request_type":"context_only","encoded_opaque_state":"` + state + `"}`)},
+			d:        sim.Receipt{RequestID: "r", Role: "decode", Status: 200, HandOff: json.RawMessage(`{"request_type":"generation_only"}`), RemotePrefillTokens: 9},
+			wantFail: []string{"decode leg carried the prefill's hand-off"},
 		},
 	}
 	for _, tc := range cases {
@@ -283,7 +283,7 @@ func TestCancelKeepsRowsAndCleansUp(t *testing.T) {
 }
 
 func FuzzParseReceipts(f *testing.F) {
-	f.Add([]byte(`[{"seq":1,"request_id":"r","role":"prefill","max_tokens":1,"bootstrap":{"bootstrap_host":"h","bootstrap_port":1,"bootstrap_room":2}}]`))
+	f.Add([]byte(`[{"seq":1,"request_id":"r","role":"prefill","max_tokens":1,"rendezvous":{"host":"h","port":1,"room":2}}]`))
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`null`))
 	f.Fuzz(func(t *testing.T, b []byte) {

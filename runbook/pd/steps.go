@@ -2,7 +2,6 @@ package pd
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -13,10 +12,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
-	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/runbook"
 	"github.com/llmgw/llmgw/runbook/labkit"
 )
@@ -147,10 +147,11 @@ func (s *state) buildRule(name string) *rule.Rule {
 		Name: name, ModelName: s.spec.Model, KVEngineType: o.Engine, PDDisaggMode: true,
 		Probe: labkit.ProbeConfig(hp),
 	}
+	kv := engines.MustFor(engines.Kind(o.Engine)).KV()
 	if o.KVExact {
 		r.KVExactMode = 1
 		r.KVBlockSize = s.spec.BlockSize
-		if o.Engine == profiles.EngineVLLM {
+		if kv != nil && kvhash.Algo(kv.HashAlgo).Seeded() {
 			seed := s.seed
 			r.KVHashSeed = &seed
 		}
@@ -164,7 +165,7 @@ func (s *state) buildRule(name string) *rule.Rule {
 				_, bp, _ := net.SplitHostPort(w.Bootstrap)
 				ep.BootstrapPort, _ = strconv.Atoi(bp)
 			}
-			if o.KVExact && o.Engine != profiles.EngineTRTLLM && w.Events != "" {
+			if o.KVExact && kv.PublishesZMQ() && w.Events != "" {
 				ep.KVEventsEndpoint, ep.KVReplayEndpoint = w.Events, w.Replay
 			}
 		}
@@ -326,22 +327,13 @@ func CheckHandOff(engine string, rid string, p, d sim.Receipt, bootstrap string)
 	add("one request id on both legs", p.RequestID == rid && d.RequestID == rid, "prefill %q, decode %q, sent %q", p.RequestID, d.RequestID, rid)
 	add("roles", p.Role == RolePrefill && d.Role == RoleDecode, "prefill leg on a %q worker, decode leg on a %q worker", p.Role, d.Role)
 	add("both legs answered", p.Status == http.StatusOK && d.Status == http.StatusOK, "prefill %d, decode %d", p.Status, d.Status)
-	switch engine {
-	case profiles.EngineVLLM:
-		add("prefill leg max_tokens 1", p.MaxTokens == 1, "max_tokens %d", p.MaxTokens)
-		var in struct {
-			DoRemoteDecode bool `json:"do_remote_decode"`
-		}
-		_ = json.Unmarshal(p.KVTransferParams, &in)
-		add("prefill leg asked to hand off (kv_transfer_params.do_remote_decode)", in.DoRemoteDecode, "%s", p.KVTransferParams)
-		add("prefill returned kv_transfer_params", len(p.KVTransferParamsOut) > 0, "%s", p.KVTransferParamsOut)
-		var dec struct {
-			DoRemotePrefill bool `json:"do_remote_prefill"`
-		}
-		_ = json.Unmarshal(d.KVTransferParams, &dec)
-		add("decode leg carried the prefill's kv_transfer_params", dec.DoRemotePrefill && sameJSON(d.KVTransferParams, p.KVTransferParamsOut), "decode got %s", d.KVTransferParams)
-		add("decode pulled the prompt's KV instead of recomputing", d.RemotePrefillTokens > 0, "remote prefill tokens %d", d.RemotePrefillTokens)
-	case profiles.EngineSGLang:
+	a, err := engines.For(engines.Kind(engine))
+	if err != nil || a.PD() == nil {
+		add("the engine has a prefill/decode protocol", false, "%s", engine)
+		return cs
+	}
+	proto := a.PD()
+	if proto.Shape() == engines.PDConcurrent {
 		add("bootstrap triple on both legs", p.Bootstrap != nil && d.Bootstrap != nil, "prefill %+v, decode %+v", p.Bootstrap, d.Bootstrap)
 		if p.Bootstrap != nil && d.Bootstrap != nil {
 			add("the rooms matched (same bootstrap triple)", *p.Bootstrap == *d.Bootstrap, "prefill %+v, decode %+v", *p.Bootstrap, *d.Bootstrap)
@@ -349,23 +341,38 @@ func CheckHandOff(engine string, rid string, p, d sim.Receipt, bootstrap string)
 			add("bootstrap port is the chosen prefill's", strconv.FormatInt(p.Bootstrap.Port, 10) == port, "triple port %d, prefill bootstrap server %s", p.Bootstrap.Port, bootstrap)
 		}
 		add("decode received the prompt's KV", d.RemotePrefillTokens > 0, "remote prefill tokens %d", d.RemotePrefillTokens)
-	case profiles.EngineTRTLLM:
-		var pp, dp struct {
-			RequestType string  `json:"request_type"`
-			State       *string `json:"encoded_opaque_state"`
-		}
-		_ = json.Unmarshal(p.DisaggregatedParams, &pp)
-		_ = json.Unmarshal(d.DisaggregatedParams, &dp)
-		add("prefill leg context_only", pp.RequestType == "context_only", "%s", p.DisaggregatedParams)
-		stateOK := dp.State != nil
-		if stateOK {
-			_, err := base64.StdEncoding.DecodeString(*dp.State)
-			stateOK = err == nil
-		}
-		add("decode leg generation_only with the context state", dp.RequestType == "generation_only" && stateOK, "%s", d.DisaggregatedParams)
-		add("decode used the transferred context", d.RemotePrefillTokens > 0, "remote prefill tokens %d", d.RemotePrefillTokens)
+		return cs
 	}
+	// The sequential shapes: the prefill leg is rewritten as the adapter
+	// rewrites it, answers with a hand-off, and the decode carries it.
+	if capped := prefillCap(proto); capped > 0 {
+		add(fmt.Sprintf("prefill leg max_tokens %d", capped), p.MaxTokens == capped, "max_tokens %d", p.MaxTokens)
+	}
+	pl, perr := proto.ParseHandOff(p.HandOff)
+	add("prefill leg asked to hand off", perr == nil && pl.Role == engines.PDLegPrefill, "%s", p.HandOff)
+	add("prefill answered with its hand-off", len(p.HandOffOut) > 0, "%s", p.HandOffOut)
+	dl, derr := proto.ParseHandOff(d.HandOff)
+	want := proto.CarryParams(p.HandOffOut)
+	add("decode leg carried the prefill's hand-off", derr == nil && dl.Role == engines.PDLegDecode && sameJSON(d.HandOff, want), "decode got %s, want %s (%v)", d.HandOff, want, derr)
+	add("decode pulled the prompt's KV instead of recomputing", d.RemotePrefillTokens > 0, "remote prefill tokens %d", d.RemotePrefillTokens)
 	return cs
+}
+
+// prefillCap is the max_tokens the adapter's prefill rewrite imposes (0
+// when it keeps the client's).
+func prefillCap(proto engines.PDProtocol) int {
+	const probe = 8
+	b, err := proto.PrefillBody([]byte(fmt.Sprintf(`{"prompt":"x","max_tokens":%d}`, probe)), &engines.PDPair{})
+	if err != nil {
+		return 0
+	}
+	var v struct {
+		MaxTokens int `json:"max_tokens"`
+	}
+	if json.Unmarshal(b, &v) != nil || v.MaxTokens == probe {
+		return 0
+	}
+	return v.MaxTokens
 }
 
 func sameJSON(a, b json.RawMessage) bool {
@@ -413,11 +420,7 @@ func (s *state) handOff(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	if len(failed) > 0 {
 		return labkit.WithEvidence(runbook.Fail("PD_HANDOFF_BROKEN", "%d of %d hand-off checks failed: %s", len(failed), n, strings.Join(failed, "; ")), out)
 	}
-	what := map[string]string{
-		profiles.EngineVLLM:   "prefill leg max_tokens 1, kv_transfer_params handed to the decode, KV pulled not recomputed",
-		profiles.EngineSGLang: "the same bootstrap triple (room) on both legs, at the chosen prefill's bootstrap port",
-		profiles.EngineTRTLLM: "context_only then generation_only with the context state carried",
-	}[s.o.Engine]
+	what := engines.MustFor(engines.Kind(s.o.Engine)).PD().Summary()
 	return labkit.WithEvidence(runbook.Pass("%d hand-off checks hold on the JSON and SSE requests: one request id on both legs; %s", n, what), out).
 		From(runbook.LaneRoutingEvidence, labkit.SourceReceipts)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/results"
+	"github.com/llmgw/llmgw/runbook/labkit"
 )
 
 // ProfilesOptions are the inputs of `llmgw profiles`.
@@ -23,7 +24,7 @@ type ProfilesOptions struct {
 }
 
 func newProfilesCmd(io *IOStreams) *cobra.Command {
-	opts := &ProfilesOptions{IO: io, Catalog: profiles.Load}
+	opts := &ProfilesOptions{IO: io, Catalog: func() (*profiles.Catalog, error) { return labkit.LoadCatalog(nil) }}
 	cmd := &cobra.Command{
 		Use:   "profiles",
 		Short: "Show the model catalog: evaluation profiles and the engine version tuple",

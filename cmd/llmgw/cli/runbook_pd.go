@@ -58,7 +58,7 @@ BLOCKED or SKIPPED with a reason and evidence files under <out>/runs/<run-id>/:
   6 deliver through the gateway  JSON and SSE answered by a decode; one prefill and one
                                  decode receipt per request; negatives leave no receipt
   7 hand-off evidence            both legs carried one request id; vLLM prefill leg
-                                 max_tokens 1 and kv_transfer_params carried; SGLang same
+                                 max_tokens 1 and its NIXL hand-off carried; SGLang same
                                  bootstrap triple (room) on both legs; TRT-LLM context_only
                                  then generation_only with the context state
   8 hash parity                  --kv-exact: the gateway's canary hashes are published by a
