@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"strconv"
+	"strings"
+	"syscall"
 
 	"github.com/valyala/fasthttp"
 
@@ -105,12 +108,15 @@ func statusFor(err error) (status int, typ, code string) {
 		return fasthttp.StatusServiceUnavailable, "server_error", "server_shutting_down"
 	case errors.Is(err, ErrNoEndpoint):
 		return fasthttp.StatusServiceUnavailable, "server_error", "no_available_endpoint"
+	// A dial error is tested before timeouts: a connect timeout is a
+	// failure to reach the worker (nothing sent, retried elsewhere), not a
+	// worker that took too long to answer.
+	case errors.Is(err, ErrUpstreamUnreachable), isDialError(err):
+		return fasthttp.StatusBadGateway, "server_error", "backend_unreachable"
 	case errors.Is(err, ErrUpstreamTimeout), errors.Is(err, fasthttp.ErrTimeout),
 		errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded),
 		errors.As(err, &ne) && ne.Timeout():
 		return fasthttp.StatusGatewayTimeout, "server_error", "backend_timeout"
-	case errors.Is(err, ErrUpstreamUnreachable), isDialError(err):
-		return fasthttp.StatusBadGateway, "server_error", "backend_unreachable"
 	default:
 		return fasthttp.StatusBadGateway, "server_error", "backend_failed"
 	}
@@ -119,6 +125,75 @@ func statusFor(err error) (status int, typ, code string) {
 func isDialError(err error) bool {
 	var de *DialError
 	return errors.As(err, &de)
+}
+
+// notSent reports whether a failed send provably reached no worker: the
+// connection could not be made, a pooled connection was dead before the
+// request was written, or writing the request failed (upconn.go).
+func notSent(err error) bool {
+	var se *sendError
+	return isDialError(err) || errors.Is(err, errStaleConn) || errors.Is(err, errConnRetired) || errors.As(err, &se)
+}
+
+// reusedNotSent reports whether the send failed on a reused pooled
+// connection before the worker could have read the request: the endpoint
+// is not to blame, and a new connection to it may carry the request.
+func reusedNotSent(err error) bool {
+	if err == nil {
+		return false
+	}
+	var se *sendError
+	return errors.Is(err, errStaleConn) || errors.Is(err, errConnRetired) || (errors.As(err, &se) && se.reused)
+}
+
+// notSentText describes a failure that reached no worker, in the gateway's
+// own words (never the worker's bytes).
+func notSentText(err error) string {
+	var de *DialError
+	var dns *net.DNSError
+	var ne net.Error
+	switch {
+	case errors.As(err, &dns):
+		return "DNS lookup failed"
+	case errors.As(err, &de) && strings.HasPrefix(de.Err.Error(), "TLS handshake"):
+		return "TLS handshake failed"
+	case errors.As(err, &de) && errors.As(err, &ne) && ne.Timeout():
+		return "connect timed out"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case isDialError(err):
+		return "connect failed"
+	default:
+		return "sending the request failed"
+	}
+}
+
+// afterSendText describes a failure after the whole request was written, in
+// the gateway's own words: fasthttp's own error texts quote the worker's
+// header bytes, which must not reach the client.
+func afterSendText(err error) string {
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.Is(err, fasthttp.ErrConnectionClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
+		return "closed the connection before the answer was complete"
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return "sent a response body over the 64 MiB limit"
+	case errors.As(err, &small):
+		return "sent a response header block over the read buffer"
+	default:
+		return "sent a response that could not be parsed"
+	}
+}
+
+// logErrText is err's text for the gateway's own log, bounded: a parse
+// error may quote kilobytes of the worker's bytes.
+func logErrText(err error) string {
+	t := err.Error()
+	if len(t) > 256 {
+		t = t[:256] + "…"
+	}
+	return t
 }
 
 // writeError answers ctx with err as an OpenAI error body.

@@ -19,6 +19,9 @@ type metrics struct {
 	requests           *prometheus.CounterVec
 	rejected           *prometheus.CounterVec
 	retries            *prometheus.CounterVec
+	redials            *prometheus.CounterVec
+	upstreamFailures   *prometheus.CounterVec
+	clientFault5xx     *prometheus.CounterVec
 	clientCancels      *prometheus.CounterVec
 	streamErrors       *prometheus.CounterVec
 	breakerTransitions *prometheus.CounterVec
@@ -53,6 +56,15 @@ func newMetrics(s *Server) *metrics {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_retries_total", Help: "Requests retried on another endpoint after a failure before any response byte.",
 		}, []string{"rule"}),
+		redials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_upstream_redials_total", Help: "Requests sent again on a new connection to the same endpoint because the pooled connection was found dead before anything was written to it (not charged to the endpoint).",
+		}, []string{"rule", "endpoint"}),
+		upstreamFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_upstream_failures_total", Help: "Failed upstream sends by stage: not_sent (connect, DNS, TLS handshake, write failed or dead pooled connections: retried elsewhere) or after_send (the whole request was written: relayed as an error, never retried).",
+		}, []string{"rule", "endpoint", "stage"}),
+		clientFault5xx: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_upstream_client_fault_5xx_total", Help: "5xx answers the engine's adapter classes as the client's fault (e.g. llama.cpp's 500 for malformed JSON or n>1); relayed, never counted toward origin-5xx demotion.",
+		}, []string{"rule", "endpoint"}),
 		clientCancels: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_client_cancels_total", Help: "Streams the client abandoned; the worker request was cancelled.",
 		}, []string{"rule"}),
@@ -107,7 +119,7 @@ func newMetrics(s *Server) *metrics {
 		Name: "llmgw_kv_parity_checks_total", Help: "Self-check of engine-reported cached tokens against the gateway's prediction, by outcome (agree, mismatch, neutral).",
 	}, []string{"rule", "outcome"})
 	reg.MustRegister(m.kvHits, m.kvMisses, m.kvMatched, m.kvParity, &kvCollector{s: s})
-	reg.MustRegister(m.requests, m.rejected, m.retries, m.clientCancels, m.streamErrors,
+	reg.MustRegister(m.requests, m.rejected, m.retries, m.redials, m.upstreamFailures, m.clientFault5xx, m.clientCancels, m.streamErrors,
 		m.breakerTransitions, m.probeTransitions, m.upstreamLatency, m.ttfb, m.overhead,
 		&liveCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -263,8 +275,8 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 func (m *metrics) dropRule(rule string) {
 	l := prometheus.Labels{"rule": rule}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
-		m.requests, m.retries, m.clientCancels, m.streamErrors, m.breakerTransitions, m.probeTransitions,
-		m.upstreamLatency, m.ttfb, m.overhead, m.pdRequests, m.pdPrefillDuration, m.pdDecodeTTFT,
+		m.requests, m.retries, m.redials, m.upstreamFailures, m.clientFault5xx, m.clientCancels, m.streamErrors,
+		m.breakerTransitions, m.probeTransitions, m.upstreamLatency, m.ttfb, m.overhead, m.pdRequests, m.pdPrefillDuration, m.pdDecodeTTFT,
 		m.pdKVParams, m.pdEarlyExit, m.kvHits, m.kvMisses, m.kvMatched, m.kvParity,
 	} {
 		v.DeletePartialMatch(l)

@@ -16,10 +16,10 @@ import (
 	"github.com/llmgw/llmgw/engines/sim"
 )
 
-// scripted is a net/http upstream for P/D legs that no engine plays
+// pdScripted is a net/http upstream for P/D legs that no engine plays
 // politely: it records each request's arrival and end (cancelled by the
 // client or answered) as events.
-type scripted struct {
+type pdScripted struct {
 	addr      string
 	arrived   chan struct{} // one event per request received
 	cancelled chan struct{} // one event per request the client abandoned
@@ -27,15 +27,15 @@ type scripted struct {
 	ids       chan string // X-Request-Id of each request
 }
 
-// newScripted serves handle; handle returns true when it answered and false
+// newPDScripted serves handle; handle returns true when it answered and false
 // when it waited for the client to go away.
-func newScripted(t *testing.T, handle func(w http.ResponseWriter, r *http.Request) bool) *scripted {
+func newPDScripted(t *testing.T, handle func(w http.ResponseWriter, r *http.Request) bool) *pdScripted {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &scripted{addr: ln.Addr().String(), arrived: make(chan struct{}, 64), cancelled: make(chan struct{}, 64), ids: make(chan string, 64)}
+	s := &pdScripted{addr: ln.Addr().String(), arrived: make(chan struct{}, 64), cancelled: make(chan struct{}, 64), ids: make(chan string, 64)}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" {
 			return
@@ -141,7 +141,7 @@ func TestPDDecodeFailureFailsFast(t *testing.T) {
 			if !concurrent {
 				prefill = answer(200, prefillOK)
 			}
-			p := newScripted(t, prefill)
+			p := newPDScripted(t, prefill)
 			decode := tc.decode
 			if concurrent {
 				// The decode fails only once the prefill is pending.
@@ -150,7 +150,7 @@ func TestPDDecodeFailureFailsFast(t *testing.T) {
 					return tc.decode(w, r)
 				}
 			}
-			d := newScripted(t, decode)
+			d := newPDScripted(t, decode)
 			ph, pp := hostPort(t, p.addr)
 			dh, dp := hostPort(t, d.addr)
 			s := startGateway(t, "", nil)
@@ -246,8 +246,8 @@ func TestPDVLLMP2PNCCLRequestID(t *testing.T) {
 	const prefillOK = `{"id":"x","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":"length"}]}`
 	for _, withPorts := range []bool{true, false} {
 		t.Run(fmt.Sprintf("nixl_port=%v", withPorts), func(t *testing.T) {
-			p := newScripted(t, answer(200, prefillOK))
-			d := newScripted(t, answer(200, prefillOK))
+			p := newPDScripted(t, answer(200, prefillOK))
+			d := newPDScripted(t, answer(200, prefillOK))
 			ph, pp := hostPort(t, p.addr)
 			dh, dp := hostPort(t, d.addr)
 			extraP, extraD := "", ""
@@ -285,8 +285,8 @@ func TestPDVLLMP2PNCCLRequestID(t *testing.T) {
 func TestPDLegPoolIdleBelowEngineKeepAlive(t *testing.T) {
 	for _, k := range []engines.Kind{engines.VLLM, engines.SGLang, engines.TRTLLM} {
 		t.Run(string(k), func(t *testing.T) {
-			p := newScripted(t, answer(200, `{}`))
-			d := newScripted(t, answer(200, `{}`))
+			p := newPDScripted(t, answer(200, `{}`))
+			d := newPDScripted(t, answer(200, `{}`))
 			ph, pp := hostPort(t, p.addr)
 			dh, dp := hostPort(t, d.addr)
 			s := startGateway(t, "", nil)

@@ -63,6 +63,12 @@ func probeOnce(c *fasthttp.HostClient, url string, timeout time.Duration) bool {
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(url)
 	req.Header.SetMethod(fasthttp.MethodGet)
+	// Every probe goes on a new connection: it proves that the worker
+	// accepts connections (what a request needs), it can never meet a
+	// connection the engine closed while idle, and it keeps none of the
+	// engine's connection slots (llama-server serves only a few) between
+	// probes.
+	req.SetConnectionClose()
 	if err := c.DoTimeout(req, resp, timeout); err != nil {
 		return false
 	}

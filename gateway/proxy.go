@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 
+	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/gateway/openai"
 	"github.com/llmgw/llmgw/gateway/policy"
 	"github.com/llmgw/llmgw/gateway/upstream"
@@ -233,9 +234,13 @@ func printable(b []byte) bool {
 	return true
 }
 
-// forward sends the request to an endpoint chosen by rt's policy, retrying
-// once on another endpoint when the first fails before any response byte,
-// and relays the answer.
+// forward sends the request to an endpoint chosen by rt's policy and relays
+// the answer. A request is executed at most once: it is sent again only
+// when the failure proves no worker read it (see upconn.go). A pooled
+// connection found dead before the request was written is redialed once on
+// the same endpoint, not charged to it; a failure to connect (or to write
+// the request) is retried once on another endpoint; anything after the
+// whole request was written is relayed as an error.
 //
 // kvc, when non-nil, is the KV-exact decision: its endpoint (if any) is
 // tried first, and the response feeds the hash-parity self-check.
@@ -280,28 +285,37 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		if rt.tlsCfg != nil {
 			req.URI().SetScheme("https")
 		}
+		if rt.fresh {
+			req.SetConnectionClose()
+		}
 		req.SetBodyRaw(ctx.PostBody())
 		resp := fasthttp.AcquireResponse()
 		resp.StreamBody = stream
 		upStart := time.Now()
-		err = rt.clients[ep.Index].Do(req, resp)
+		hc := rt.clients[ep.Index]
+		err = hc.Do(req, resp)
+		if reusedNotSent(err) {
+			// The worker closed this pooled connection (or it hit the
+			// engine's limits) before the request was written: nothing was
+			// sent, the worker is not to blame. Pooled connections older
+			// than this one are at least as likely dead.
+			if errors.Is(err, errStaleConn) {
+				hc.CloseIdleConnections()
+			}
+			s.metrics.redials.WithLabelValues(rt.rule.Name, ep.ID).Inc()
+			err = hc.Do(req, resp)
+		}
 		fasthttp.ReleaseRequest(req)
+		if err == nil {
+			err = s.prepareAnswer(rt, resp, stream)
+		}
 		if err != nil {
 			release()
 			fasthttp.ReleaseResponse(resp)
-			timeout := isTimeout(err)
-			if b := ep.Breaker(); b != nil {
-				b.RecordConnFailure()
-			}
-			if timeout {
-				lastErr = fmt.Errorf("%w: endpoint %s (%s) sent no response within the first-byte timeout: %v", ErrUpstreamTimeout, ep.ID, ep.Addr, err)
-				s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "504").Inc()
-				break
-			}
-			lastErr = fmt.Errorf("%w: endpoint %s (%s): %v", ErrUpstreamUnreachable, ep.ID, ep.Addr, err)
-			s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "502").Inc()
-			s.log.Warn("upstream failed before any response byte", "rule", rt.rule.Name, "endpoint", ep.ID, "attempt", attempt+1, "err", err)
-			if attempt == 0 {
+			retry := false
+			lastErr, retry = s.upstreamFailure(rt, ep, err)
+			s.log.Warn("upstream failed", "rule", rt.rule.Name, "endpoint", ep.ID, "attempt", attempt+1, "retried", retry && attempt == 0, "err", logErrText(err))
+			if retry && attempt == 0 {
 				s.metrics.retries.WithLabelValues(rt.rule.Name).Inc()
 				st.preq.Exclude = ep
 				continue
@@ -322,6 +336,103 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 	writeError(ctx, lastErr)
 }
 
+// upstreamFailure charges and describes a failed send to ep, and says
+// whether the request may go to another endpoint: only when nothing can
+// have reached a worker. The client-facing error carries no upstream bytes
+// (fasthttp's errors quote the worker's headers).
+func (s *Server) upstreamFailure(rt *ruleRuntime, ep *upstream.Endpoint, err error) (clientErr error, retry bool) {
+	name := rt.rule.Name
+	b := ep.Breaker()
+	switch {
+	case reusedNotSent(err):
+		// The redial met a dead pooled connection again: still nothing
+		// sent, and still not the worker's failure to connect.
+		s.metrics.upstreamFailures.WithLabelValues(name, ep.ID, "not_sent").Inc()
+		s.metrics.requests.WithLabelValues(name, ep.ID, "502").Inc()
+		return fmt.Errorf("%w: endpoint %s (%s) closed its pooled connections before the request could be sent", ErrUpstreamUnreachable, ep.ID, ep.Addr), true
+	case notSent(err):
+		if b != nil {
+			b.RecordConnFailure()
+		}
+		s.metrics.upstreamFailures.WithLabelValues(name, ep.ID, "not_sent").Inc()
+		s.metrics.requests.WithLabelValues(name, ep.ID, "502").Inc()
+		return fmt.Errorf("%w: endpoint %s (%s): %s", ErrUpstreamUnreachable, ep.ID, ep.Addr, notSentText(err)), true
+	}
+	if b != nil {
+		b.RecordConnFailure()
+	}
+	s.metrics.upstreamFailures.WithLabelValues(name, ep.ID, "after_send").Inc()
+	if isTimeout(err) {
+		s.metrics.requests.WithLabelValues(name, ep.ID, "504").Inc()
+		return fmt.Errorf("%w: endpoint %s (%s) sent no response within the first-byte timeout; not retried: the worker may be executing it", ErrUpstreamTimeout, ep.ID, ep.Addr), false
+	}
+	s.metrics.requests.WithLabelValues(name, ep.ID, "502").Inc()
+	return fmt.Errorf("%w: endpoint %s (%s) %s; not retried: the worker may have executed it", ErrUpstreamFailed, ep.ID, ep.Addr, afterSendText(err)), false
+}
+
+// prepareAnswer readies a worker's answer for relay. A streamed SSE answer
+// from an engine that closes the connection after every stream marks the
+// connection for closing, so it is never pooled. A small non-SSE error
+// answer (status ≥ 500) is read whole, so that the engine's adapter can
+// classify it by its body (recordAnswer); a failure to read it is a broken
+// answer.
+func (s *Server) prepareAnswer(rt *ruleRuntime, resp *fasthttp.Response, stream bool) error {
+	if !stream || resp.BodyStream() == nil {
+		return nil
+	}
+	sse := bytes.HasPrefix(resp.Header.ContentType(), ctEventStream)
+	if sse && rt.conn.CloseAfterStream {
+		resp.SetConnectionClose()
+	}
+	if cl := resp.Header.ContentLength(); resp.StatusCode() >= 500 && !sse && cl >= 0 && cl <= maxClassifiedBody {
+		body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), int64(cl)))
+		cerr := resp.CloseBodyStream()
+		if err == nil && len(body) < cl {
+			err = io.ErrUnexpectedEOF
+		}
+		if err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("reading the error answer's body: %w", err)
+		}
+		resp.SetBodyRaw(body)
+	}
+	return nil
+}
+
+// maxClassifiedBody is the largest error answer read whole for
+// classification before it is relayed.
+const maxClassifiedBody = 64 << 10
+
+// recordAnswer tells ep's breaker what the worker's answer says about its
+// health, as the engine's adapter classifies it: a client error (even a
+// 5xx, like llama.cpp's 500 for malformed JSON) never counts toward
+// origin-5xx demotion.
+func (s *Server) recordAnswer(rt *ruleRuntime, ep *upstream.Endpoint, status int, resp *fasthttp.Response) {
+	b := ep.Breaker()
+	if b == nil {
+		return
+	}
+	var body []byte
+	if resp.BodyStream() == nil {
+		body = resp.Body()
+	}
+	switch rt.engine.Classify(status, body) {
+	case engines.FaultNone:
+		b.RecordSuccess()
+	case engines.FaultClient:
+		if status >= 500 {
+			s.metrics.clientFault5xx.WithLabelValues(rt.rule.Name, ep.ID).Inc()
+		}
+		b.RecordClientError()
+	default:
+		if b.RecordOrigin5xx() {
+			s.log.Warn("endpoint demoted after consecutive 5xx answers", "rule", rt.rule.Name, "endpoint", ep.ID)
+		}
+	}
+}
+
 func isTimeout(err error) bool {
 	status, _, _ := statusFor(err)
 	return status == fasthttp.StatusGatewayTimeout
@@ -334,18 +445,7 @@ func isTimeout(err error) bool {
 // KV-exact self-check.
 func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, route string, resp *fasthttp.Response, release func(), start, upStart time.Time, obs *kvObservation) {
 	status := resp.StatusCode()
-	if b := ep.Breaker(); b != nil {
-		switch {
-		case status >= 500:
-			if b.RecordOrigin5xx() {
-				s.log.Warn("endpoint demoted after consecutive 5xx answers", "rule", rt.rule.Name, "endpoint", ep.ID)
-			}
-		case status >= 400:
-			b.RecordClientError()
-		default:
-			b.RecordSuccess()
-		}
-	}
+	s.recordAnswer(rt, ep, status, resp)
 	ctx.Response.Header.SetStatusCode(status)
 	for k, v := range resp.Header.All() {
 		// The gateway owns X-Request-Id (already set, the same value the
@@ -381,7 +481,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 			if b := ep.Breaker(); b != nil {
 				b.RecordConnFailure()
 			}
-			writeError(ctx, fmt.Errorf("%w: endpoint %s: reading the response: %v", ErrUpstreamFailed, ep.ID, err))
+			writeError(ctx, fmt.Errorf("%w: endpoint %s %s", ErrUpstreamFailed, ep.ID, afterSendText(err)))
 			m.requests.WithLabelValues(rt.rule.Name, ep.ID, "502").Inc()
 			return
 		}
@@ -446,7 +546,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 			if b := ep.Breaker(); b != nil {
 				b.RecordConnFailure()
 			}
-			werr := fmt.Errorf("%w: endpoint %s: stream broke after the response began: %v", ErrUpstreamFailed, ep.ID, upErr)
+			werr := fmt.Errorf("%w: endpoint %s: stream broke after the response began: it %s", ErrUpstreamFailed, ep.ID, afterSendText(upErr))
 			if isTimeout(upErr) {
 				werr = fmt.Errorf("%w: endpoint %s: stream idle past the idle timeout", ErrUpstreamTimeout, ep.ID)
 			}
@@ -455,7 +555,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 				_ = w.Flush()
 			}
 			m.streamErrors.WithLabelValues(ruleName, ep.ID).Inc()
-			s.log.Warn("upstream stream failed", "rule", ruleName, "endpoint", ep.ID, "err", upErr)
+			s.log.Warn("upstream stream failed", "rule", ruleName, "endpoint", ep.ID, "err", logErrText(upErr))
 		}
 		if obs != nil && !clientGone && upErr == nil {
 			s.kvSelfCheck(rt, obs)

@@ -65,11 +65,21 @@ func (s *Server) Apply(r *rule.Rule, create bool) (*rule.Rule, error) {
 	}
 	if err := s.installLocked(r); err != nil {
 		// Admission passed, so this is a gateway fault; keep the stored copy
-		// consistent with what runs.
+		// consistent with what runs. A failed rollback leaves the store
+		// holding a rule that does not run (it would come back on restart):
+		// it is logged and returned with the install error.
+		var rerr error
 		if existing != nil {
-			_ = s.store.Put(existing)
+			rerr = s.store.Put(existing)
 		} else {
-			_ = s.store.Delete(r.Name)
+			rerr = s.store.Delete(r.Name)
+		}
+		if !hadListener {
+			s.dropListenerLocked(key)
+		}
+		if rerr != nil {
+			s.log.Error("rule install failed and the stored copy could not be rolled back", "rule", r.Name, "install_err", err, "rollback_err", rerr)
+			return nil, errors.Join(err, fmt.Errorf("gateway: rolling back stored rule %q: %w", r.Name, rerr))
 		}
 		return nil, err
 	}

@@ -15,6 +15,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all"
 	"github.com/llmgw/llmgw/gateway/policy"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/gateway/upstream"
@@ -43,6 +45,13 @@ type ruleRuntime struct {
 	sessName   []byte
 	prefix     int
 
+	// engine is the rule's engine (kvEngineType); conn its connection
+	// policy; fresh: every request goes on a new connection
+	// (freshConnPerRequest).
+	engine engines.Adapter
+	conn   engines.ConnPolicy
+	fresh  bool
+
 	cancel context.CancelFunc // stops the prober
 	wg     sync.WaitGroup
 }
@@ -65,7 +74,17 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 		}
 		rt.scheme, rt.tlsCfg = "https", cfg
 	}
-	rt.httpClient = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: rt.tlsCfg, MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}}
+	ad, err := engines.For(engines.Kind(eff.KVEngineType))
+	if err != nil {
+		return nil, err
+	}
+	rt.engine, rt.conn, rt.fresh = ad, ad.Conn(), freshConnPerRequest(ad.Conn())
+	// Side requests follow the engine's connection policy too: an engine
+	// served one request per fresh connection keeps none of them idle
+	// (an idle one would hold one of its few HTTP threads).
+	rt.httpClient = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: rt.tlsCfg, MaxIdleConnsPerHost: 16, IdleConnTimeout: poolIdle(rt.conn.IdleTimeout), DisableKeepAlives: rt.fresh,
+	}}
 	cbOn := eff.CBEnable == nil || *eff.CBEnable
 	for i, e := range eff.Endpoints {
 		var br *upstream.Breaker
@@ -95,7 +114,7 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 		}
 		rt.eps = append(rt.eps, ep)
 		rt.byID[e.ID] = ep
-		rt.clients = append(rt.clients, s.hostClient(addr, eff.Timeouts, rt.tlsCfg, tlsKey(eff.BackendTLS)))
+		rt.clients = append(rt.clients, s.hostClient(addr, eff.Timeouts, rt.tlsCfg, tlsKey(eff.BackendTLS), rt.conn))
 	}
 	ids := make([]string, len(rt.eps))
 	for i, ep := range rt.eps {
@@ -228,28 +247,29 @@ func (rt *ruleRuntime) conversationHash(ctx *fasthttp.RequestCtx) (uint64, bool)
 	return 0, false
 }
 
-// hostClient returns the shared keep-alive pool for addr with the given
-// timeouts, creating it on first use. Pools are shared across rules and
-// rule updates so that an edit does not drop warm connections.
-func (s *Server) hostClient(addr string, t rule.TimeoutsConfig, tlsCfg *tls.Config, tlsID string) *fasthttp.HostClient {
-	key := clientKey{addr: addr, connect: t.Connect.Std(), firstByte: t.FirstByte.Std(), idle: t.Idle.Std(), tls: tlsID}
+// hostClient returns the shared pool for addr with the given timeouts and
+// engine connection policy, creating it on first use. Pools are shared
+// across rules and rule updates so that an edit does not drop warm
+// connections.
+//
+// The pool follows the engine (engines.Adapter.Conn): an idle connection is
+// dropped before the engine's keep-alive timeout (poolIdle), a connection
+// is not reused past the engine's request limit, and every reuse first
+// checks that the worker has not closed it (upConn). fasthttp itself never
+// retries: forward decides what may be sent again.
+func (s *Server) hostClient(addr string, t rule.TimeoutsConfig, tlsCfg *tls.Config, tlsID string, pol engines.ConnPolicy) *fasthttp.HostClient {
+	key := clientKey{addr: addr, connect: t.Connect.Std(), firstByte: t.FirstByte.Std(), idle: t.Idle.Std(), tls: tlsID, conn: pol}
 	s.clientsMu.Lock()
 	defer s.clientsMu.Unlock()
 	if hc := s.clients[key]; hc != nil {
 		return hc
 	}
-	connect, idle := key.connect, key.idle
+	o := &connOpts{connect: key.connect, idle: key.idle, maxIdle: poolIdle(pol.IdleTimeout), maxRequests: pol.MaxRequestsPerConn, tls: tlsCfg}
 	hc := &fasthttp.HostClient{
-		Addr: addr,
-		Dial: func(a string) (net.Conn, error) {
-			c, err := net.DialTimeout("tcp", a, connect)
-			if err != nil {
-				return nil, &DialError{Addr: a, Err: err}
-			}
-			return &idleConn{Conn: c, idle: idle}, nil
-		},
+		Addr:                          addr,
+		Dial:                          func(a string) (net.Conn, error) { return dialUpstream(a, o) },
 		MaxConns:                      8192,
-		MaxIdleConnDuration:           90 * time.Second,
+		MaxIdleConnDuration:           o.maxIdle,
 		ReadTimeout:                   key.firstByte,
 		WriteTimeout:                  30 * time.Second,
 		MaxResponseBodySize:           64 << 20,
@@ -269,6 +289,7 @@ type clientKey struct {
 	addr                     string
 	connect, firstByte, idle time.Duration
 	tls                      string // "" plain; else the TLS settings' identity
+	conn                     engines.ConnPolicy
 }
 
 // tlsKey identifies backend TLS settings for sharing connection pools.
@@ -296,21 +317,4 @@ func backendTLSConfig(t *rule.BackendTLSConfig) (*tls.Config, error) {
 		cfg.RootCAs = pool
 	}
 	return cfg, nil
-}
-
-// idleConn bounds the silence between reads. fasthttp sets the first-byte
-// deadline (HostClient.ReadTimeout) before it reads a response; once bytes
-// flow, each successful read pushes the deadline idle into the future, so a
-// long stream is bounded by its gaps, not its total length.
-type idleConn struct {
-	net.Conn
-	idle time.Duration
-}
-
-func (c *idleConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 && c.idle > 0 {
-		_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
-	}
-	return n, err
 }

@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
-	_ "github.com/llmgw/llmgw/engines/all" // Engines asks the registry at init
+	_ "github.com/llmgw/llmgw/engines/all" // the adapters say what each engine supports
 	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
@@ -37,11 +37,13 @@ import (
 // Valid values of the matrix dimensions.
 var (
 	// Engines are the engines qualify runs; "all" selects every one.
-	// They are the engines whose adapter has both a KV event contract
-	// (mode exact) and a P/D protocol (topology pd).
-	Engines = engines.Names(func(a engines.Adapter) bool { return a.KV() != nil && a.PD() != nil })
-	// Modes are the routing modes: round robin and KV-exact.
-	Modes = []string{"rr", "exact"}
+	// They are every registered engine; what each supports (modes exact,
+	// topology pd) comes from its adapter's KV and P/D contracts (Plan).
+	Engines = engines.Names(nil)
+	// Modes are the routing modes: round robin, CHWBL prefix affinity and
+	// KV-exact. By default an engine with a KV event plane runs rr and
+	// exact; one without (llama.cpp) runs the full-proxy lanes rr and chwbl.
+	Modes = []string{"rr", "chwbl", "exact"}
 	// Topologies are converged (one pool) and pd (prefill/decode).
 	Topologies = []string{"converged", "pd"}
 	// Launchers are the ways workers are obtained.
@@ -83,6 +85,10 @@ type Options struct {
 	// HealthTimeout and ReadyTimeout are passed to each runbook (0: their
 	// defaults).
 	HealthTimeout, ReadyTimeout time.Duration
+	// AcceptVersionMismatch lets real workers that report an engine
+	// version other than the catalog's be qualified (the mismatch stays on
+	// the row).
+	AcceptVersionMismatch bool
 	// SimHashSeed, when set, starts every simulator with this hash seed
 	// instead of the catalog's: the workers then publish hashes the gateway
 	// cannot predict. It exists to prove the parity gate catches that.
@@ -117,6 +123,9 @@ func Plan(o *Options) ([]Case, error) {
 		}
 		o.Catalog = c
 	}
+	// An engine named on its own must have cases; under "all" an engine
+	// the chosen modes do not apply to is left out.
+	explicit := len(o.Engines) > 0 && !(len(o.Engines) == 1 && o.Engines[0] == "all")
 	var err error
 	if o.Engines, err = pick("engine", o.Engines, Engines, true); err != nil {
 		return nil, err
@@ -124,6 +133,7 @@ func Plan(o *Options) ([]Case, error) {
 	if o.Profiles, err = pick("profile", o.Profiles, o.Catalog.IDs(), true); err != nil {
 		return nil, err
 	}
+	modesGiven := len(o.Modes) > 0
 	if o.Modes, err = pick("mode", o.Modes, Modes, false); err != nil {
 		return nil, err
 	}
@@ -160,15 +170,74 @@ func Plan(o *Options) ([]Case, error) {
 	}
 	var cases []Case
 	for _, e := range o.Engines {
+		modes, tops, err := engineLanes(e, o.Modes, o.Topologies, modesGiven, explicit)
+		if err != nil {
+			return nil, err
+		}
 		for _, p := range o.Profiles {
-			for _, t := range o.Topologies {
-				for _, m := range o.Modes {
+			for _, t := range tops {
+				for _, m := range modes {
+					if t == "pd" && m == "chwbl" {
+						continue // the P/D runbook's modes are rr and KV-exact scoring
+					}
 					cases = append(cases, Case{Engine: e, Profile: p, Mode: m, Topology: t})
 				}
 			}
 		}
 	}
 	return cases, nil
+}
+
+// engineLanes are the modes and topologies engine e can be qualified in,
+// as its adapter states: KV-exact needs a KV event plane, pd a
+// prefill/decode protocol. Defaults (nothing given) are rr and exact for an
+// engine with KV events and the full-proxy lanes rr and chwbl for one
+// without; a given list is narrowed to what applies. An engine left with
+// nothing is an error naming what it supports when it was named
+// (explicit), and has no cases otherwise.
+func engineLanes(e string, modes, tops []string, modesGiven, explicit bool) ([]string, []string, error) {
+	a, err := engines.For(engines.Kind(e))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	kv, hasPD := a.KV() != nil, a.PD() != nil
+	capable := []string{"rr", "chwbl"}
+	if kv {
+		capable = append(capable, "exact")
+	}
+	var outM []string
+	switch {
+	case !modesGiven && kv:
+		outM = []string{"rr", "exact"}
+	case !modesGiven:
+		outM = []string{"rr", "chwbl"}
+	default:
+		for _, m := range modes {
+			if slices.Contains(capable, m) {
+				outM = append(outM, m)
+			}
+		}
+	}
+	var outT []string
+	for _, t := range tops {
+		if t != "pd" || hasPD {
+			outT = append(outT, t)
+		}
+	}
+	if len(outM) == 0 || len(outT) == 0 {
+		if !explicit {
+			return nil, nil, nil
+		}
+		var why []string
+		if len(outM) == 0 {
+			why = append(why, fmt.Sprintf("modes %s (it publishes no KV events; valid: %s)", strings.Join(modes, ","), strings.Join(capable, ", ")))
+		}
+		if len(outT) == 0 {
+			why = append(why, fmt.Sprintf("topologies %s (it has no prefill/decode protocol; valid: converged)", strings.Join(tops, ",")))
+		}
+		return nil, nil, fmt.Errorf("%w: engine %s has no case for %s", ErrInvalid, e, strings.Join(why, " and "))
+	}
+	return outM, outT, nil
 }
 
 // pick checks every value of got against valid; empty means all (and, when
@@ -196,9 +265,13 @@ func pick(what string, got, valid []string, allowAll bool) ([]string, error) {
 
 // Report is the outcome of Run.
 type Report struct {
-	// Rows are the recorded result rows, in case order; a case that never
-	// started (after an interruption) has no row.
+	// Rows has one row per planned case, in case order. A case an
+	// interruption never reached has a NOT_RUN row (reason code
+	// "interrupted", no run ID: nothing was recorded for it), so a partial
+	// matrix never reads as complete.
 	Rows []results.RunSummary
+	// Ran is how many cases started (and have a recorded run).
+	Ran int
 	// Planned is the number of cases in the matrix.
 	Planned int
 	// Interrupted reports that the context ended before every case ran.
@@ -221,18 +294,21 @@ func Run(ctx context.Context, o *Options, cases []Case, store *results.Store, ou
 		prog = nopProgress{}
 	}
 	var errs []error
+	next := 0 // the first case not started
 	for i, c := range cases {
 		if ctx.Err() != nil {
 			rep.Interrupted = true
 			break
 		}
 		prog.CaseStarted(i, len(cases), c)
+		next = i + 1
 		row, interrupted, err := runCase(ctx, o, c, store, outDir, prog)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("qualify: case %s: %w", c.ID(), err))
 		}
 		if row.ID != "" {
 			rep.Rows = append(rep.Rows, row)
+			rep.Ran++
 			prog.CaseDone(i, len(cases), c, row)
 		}
 		if interrupted {
@@ -240,8 +316,26 @@ func Run(ctx context.Context, o *Options, cases []Case, store *results.Store, ou
 			break
 		}
 	}
+	// Every case without a row did not run: say so, row by row.
+	for _, c := range cases[next:] {
+		rep.Rows = append(rep.Rows, o.notRunRow(c))
+	}
 	rep.Wall = time.Since(start)
 	return rep, errors.Join(errs...)
+}
+
+// notRunRow is the row of case c when it never started.
+func (o *Options) notRunRow(c Case) results.RunSummary {
+	t := results.Tuple{Engine: c.Engine, Profile: c.Profile, Topology: c.Topology, Mode: c.Mode,
+		Launcher: o.Launcher, SimulatedWorkers: o.Launcher == results.LauncherSim}
+	if v, err := o.Catalog.Versions().For(c.Engine); err == nil {
+		t.EngineVersion = v.Version
+	}
+	if p, err := o.Catalog.Get(c.Profile); err == nil {
+		t.Model = p.Model.ServedName
+	}
+	return results.RunSummary{Schema: results.RunSchema, CaseID: t.CaseID(), Tuple: t, Verdict: results.StatusNotRun,
+		ReasonCode: "interrupted", Reason: "the matrix was interrupted before this case started"}
 }
 
 func (o *Options) logger() *slog.Logger {
@@ -266,7 +360,8 @@ func runCase(ctx context.Context, o *Options, c Case, store *results.Store, outD
 	switch c.Topology {
 	case "pd":
 		po := &pd.Options{Engine: c.Engine, Profile: c.Profile, KVExact: c.Mode == "exact", Catalog: o.Catalog,
-			Launcher: o.pdLauncher(), HealthTimeout: o.HealthTimeout, ReadyTimeout: o.ReadyTimeout, StepHook: hook, Logger: o.logger()}
+			Launcher: o.pdLauncher(), HealthTimeout: o.HealthTimeout, ReadyTimeout: o.ReadyTimeout, StepHook: hook, Logger: o.logger(),
+			AcceptVersionMismatch: o.AcceptVersionMismatch}
 		if o.Launcher == results.LauncherAttach {
 			po.Prefill, po.Decode = len(o.PrefillEndpoints), len(o.DecodeEndpoints)
 		}
@@ -276,7 +371,8 @@ func runCase(ctx context.Context, o *Options, c Case, store *results.Store, outD
 		rb, tuple, lname = pd.Runbook(po), po.Tuple(), po.Launcher.Name()
 	default:
 		co := &converged.Options{Engine: c.Engine, Profile: c.Profile, Mode: c.Mode, Workers: o.Workers, Catalog: o.Catalog,
-			Launcher: o.convergedLauncher(), HealthTimeout: o.HealthTimeout, ReadyTimeout: o.ReadyTimeout, StepHook: hook, Logger: o.logger()}
+			Launcher: o.convergedLauncher(), HealthTimeout: o.HealthTimeout, ReadyTimeout: o.ReadyTimeout, StepHook: hook, Logger: o.logger(),
+			AcceptVersionMismatch: o.AcceptVersionMismatch}
 		if err := co.Validate(); err != nil {
 			return results.RunSummary{}, false, err
 		}

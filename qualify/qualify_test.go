@@ -71,10 +71,11 @@ func TestPlanRejectsBadInput(t *testing.T) {
 		o       Options
 		wantSub string
 	}{
-		{"unknown engine", Options{Engines: []string{"tgi"}}, "valid: vllm, sglang, trtllm, or all"},
-		{"llamacpp is not qualified", Options{Engines: []string{"llamacpp"}}, "valid: vllm, sglang, trtllm"},
+		{"unknown engine", Options{Engines: []string{"tgi"}}, "valid: vllm, sglang, trtllm, llamacpp, or all"},
+		{"llamacpp has no KV-exact", Options{Engines: []string{"llamacpp"}, Modes: []string{"exact"}}, "publishes no KV events; valid: rr, chwbl"},
+		{"llamacpp has no P/D", Options{Engines: []string{"llamacpp"}, Topologies: []string{"pd"}}, "no prefill/decode protocol"},
 		{"unknown profile", Options{Profiles: []string{"gpt-9"}}, "qwen3-0.6b"},
-		{"unknown mode", Options{Modes: []string{"chwbl2"}}, "valid: rr, exact"},
+		{"unknown mode", Options{Modes: []string{"chwbl2"}}, "valid: rr, chwbl, exact"},
 		{"unknown topology", Options{Topologies: []string{"mesh"}}, "valid: converged, pd"},
 		{"unknown launcher", Options{Launcher: "k8s"}, "valid: sim, docker, attach"},
 		{"attach without endpoints", Options{Launcher: "attach"}, "--endpoints"},
@@ -97,8 +98,12 @@ func TestPlanExpandsTheBaseline(t *testing.T) {
 		o    Options
 		want int
 	}{
-		{"reference baseline", Options{Engines: []string{"all"}, Modes: []string{"rr", "exact"}, Topologies: []string{"converged"}}, 30},
-		{"defaults are everything", Options{}, 60},
+		{"reference baseline", Options{Engines: []string{"vllm", "sglang", "trtllm"}, Modes: []string{"rr", "exact"}, Topologies: []string{"converged"}}, 30},
+		// llama.cpp: its full-proxy lanes rr and chwbl, converged only.
+		{"all engines converged", Options{Engines: []string{"all"}, Topologies: []string{"converged"}}, 40},
+		{"llamacpp alone", Options{Engines: []string{"llamacpp"}}, 10},
+		{"all with rr,exact keeps llamacpp's rr", Options{Engines: []string{"all"}, Modes: []string{"rr", "exact"}, Topologies: []string{"converged"}}, 35},
+		{"defaults are everything", Options{}, 70},
 		{"duplicates dropped", Options{Engines: []string{"vllm", "vllm"}, Profiles: []string{"qwen3-0.6b"}, Modes: []string{"rr"}, Topologies: []string{"pd"}}, 1},
 	}
 	for _, tc := range cases {
@@ -118,7 +123,7 @@ func TestPlanExpandsTheBaseline(t *testing.T) {
 // {Gemma-2, EXAONE} × {rr, exact} are known-BLOCKED, and running them
 // records BLOCKED architecture_unsupported with nothing launched.
 func TestBlockedCatalogue(t *testing.T) {
-	o := &Options{Engines: []string{"all"}, Modes: []string{"rr", "exact"}, Topologies: []string{"converged"}}
+	o := &Options{Engines: []string{"vllm", "sglang", "trtllm"}, Modes: []string{"rr", "exact"}, Topologies: []string{"converged"}}
 	all, err := Plan(o)
 	if err != nil {
 		t.Fatal(err)
@@ -351,7 +356,8 @@ func TestExportFormats(t *testing.T) {
 }
 
 // Ctrl-C during the second case: its cleanups run, its partial row and the
-// first row are kept, the third case never starts.
+// first row are kept, the third case never starts and is exported as a
+// NOT_RUN row, so the matrix's verdict is not PASS.
 func TestCancelKeepsRows(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -367,8 +373,41 @@ func TestCancelKeepsRows(t *testing.T) {
 			}
 		}}
 	rep, store, _ := runMatrix(t, ctx, o)
-	if !rep.Interrupted || len(rep.Rows) != 2 {
-		t.Fatalf("interrupted %v with %d rows; want interrupted with 2\n%s", rep.Interrupted, len(rep.Rows), rowLines(rep.Rows))
+	if !rep.Interrupted || rep.Ran != 2 || len(rep.Rows) != 3 {
+		t.Fatalf("interrupted %v, %d ran, %d rows; want interrupted, 2 ran, 3 rows\n%s", rep.Interrupted, rep.Ran, len(rep.Rows), rowLines(rep.Rows))
+	}
+	if nr := rep.Rows[2]; nr.Verdict != results.StatusNotRun || nr.ReasonCode != "interrupted" || nr.ID != "" || nr.CaseID != "trtllm-qwen3-0.6b-rr-converged" {
+		t.Errorf("unrun case row = %+v; want NOT_RUN interrupted trtllm-qwen3-0.6b-rr-converged with no run id", nr)
+	}
+	if c := rep.Counts(); c.NotRun < 1 || c.Overall() == results.StatusPass {
+		t.Errorf("counts %s, overall %s; want NOT_RUN counted and no PASS", c, c.Overall())
+	}
+	// The exports say the same: every planned case, a non-PASS verdict,
+	// and JUnit counting the unrun case as an error.
+	xdir := t.TempDir()
+	if _, err := Export(xdir, "q", rep.Rows); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Verdict results.Status `json:"verdict"`
+		Counts  results.Counts `json:"counts"`
+	}
+	b, err := os.ReadFile(filepath.Join(xdir, "q.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Verdict == results.StatusPass || doc.Counts.Total != 3 || doc.Counts.NotRun < 1 {
+		t.Errorf("exported verdict %s, counts %+v; want not PASS, total 3, NOT_RUN counted", doc.Verdict, doc.Counts)
+	}
+	j, err := os.ReadFile(filepath.Join(xdir, "q.junit.xml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(j), `tests="3"`) || !strings.Contains(string(j), `<error message="NOT_RUN interrupted"`) {
+		t.Errorf("JUnit does not count the unrun case as an error:\n%s", j)
 	}
 	if rep.Rows[0].Verdict != results.StatusPass {
 		t.Errorf("first row %s; want PASS kept", rep.Rows[0].Verdict)

@@ -93,7 +93,7 @@ func cells(r RunSummary) []string {
 	if reason == "" {
 		reason = "-"
 	}
-	c := []string{r.ID, r.Tuple.Engine, dash(r.Tuple.EngineVersion), r.Tuple.Profile, r.Tuple.Topology, r.Tuple.Mode,
+	c := []string{r.ID, r.Tuple.Engine, versionCell(r.Tuple), r.Tuple.Profile, r.Tuple.Topology, r.Tuple.Mode,
 		r.Tuple.Launcher, workersKind(r.Tuple), string(r.Verdict.Norm()), reason}
 	for _, s := range r.Lanes.List() {
 		c = append(c, string(s))
@@ -103,6 +103,15 @@ func cells(r RunSummary) []string {
 		c[i] = oneLine(c[i])
 	}
 	return c
+}
+
+// versionCell is the catalog's engine version, and when the workers
+// reported another one, both: "b7800≠b0-unknown" (catalog ≠ workers).
+func versionCell(t Tuple) string {
+	if t.VersionMismatch && t.WorkerEngineVersion != "" {
+		return dash(t.EngineVersion) + "≠" + t.WorkerEngineVersion
+	}
+	return dash(t.EngineVersion)
 }
 
 func dash(s string) string {
@@ -263,9 +272,10 @@ func WriteJSON(w io.Writer, rows []RunSummary) error {
 	return enc.Encode(doc)
 }
 
-// JUnit XML: one testsuite, one testcase per run. FAIL is a <failure>;
-// BLOCKED, SKIPPED and NOT_RUN are <skipped> with the status and reason
-// code in the message, so a CI never shows them as passed.
+// JUnit XML: one testsuite, one testcase per run. FAIL is a <failure>,
+// NOT_RUN an <error>, BLOCKED and SKIPPED are <skipped>, each with the
+// status and reason code in the message, so a CI never shows them as
+// passed (see WriteJUnit).
 type junitSuites struct {
 	XMLName  xml.Name     `xml:"testsuites"`
 	Name     string       `xml:"name,attr"`
@@ -297,6 +307,7 @@ type junitCase struct {
 	Time       string          `xml:"time,attr"`
 	Properties []junitProperty `xml:"properties>property,omitempty"`
 	Failure    *junitResult    `xml:"failure,omitempty"`
+	Error      *junitResult    `xml:"error,omitempty"`
 	Skipped    *junitResult    `xml:"skipped,omitempty"`
 	SystemOut  string          `xml:"system-out,omitempty"`
 }
@@ -307,10 +318,14 @@ type junitResult struct {
 	Body    string `xml:",chardata"`
 }
 
-// WriteJUnit writes the rows as JUnit XML.
+// WriteJUnit writes the rows as JUnit XML. FAIL is a failure. NOT_RUN (a
+// case an interruption never reached, or a run that stopped part-way) is
+// an error: nothing was qualified, and a CI job reading the file must not
+// go green on it. BLOCKED and SKIPPED are skipped: the tuple is known not
+// to run here (catalog or host), which is a result, not a gap.
 func WriteJUnit(w io.Writer, rows []RunSummary) error {
 	c := Tally(rows)
-	suite := junitSuite{Name: "llmgw qualification", Tests: c.Total, Failures: c.Fail, Skipped: c.Total - c.Pass - c.Fail}
+	suite := junitSuite{Name: "llmgw qualification", Tests: c.Total, Failures: c.Fail, Errors: c.NotRun, Skipped: c.Blocked + c.Skipped}
 	if anySimulated(rows) {
 		suite.Properties = []junitProperty{{Name: "note", Value: SimulatedNote}}
 	}
@@ -327,6 +342,9 @@ func WriteJUnit(w io.Writer, rows []RunSummary) error {
 				{Name: "artifact_id", Value: r.ArtifactID},
 			},
 		}
+		if v := r.Tuple.WorkerEngineVersion; v != "" {
+			tc.Properties = append(tc.Properties, junitProperty{Name: "engine_version_reported", Value: v})
+		}
 		for i, s := range r.Lanes.List() {
 			tc.Properties = append(tc.Properties, junitProperty{Name: "lane." + LaneNames[i], Value: string(s)})
 		}
@@ -338,6 +356,8 @@ func WriteJUnit(w io.Writer, rows []RunSummary) error {
 		case StatusPass:
 		case StatusFail:
 			tc.Failure = &junitResult{Message: msg, Type: r.ReasonCode, Body: r.Reason}
+		case StatusNotRun:
+			tc.Error = &junitResult{Message: msg, Type: r.ReasonCode, Body: r.Reason}
 		default:
 			tc.Skipped = &junitResult{Message: msg, Body: r.Reason}
 		}
@@ -346,7 +366,7 @@ func WriteJUnit(w io.Writer, rows []RunSummary) error {
 		}
 		suite.Cases = append(suite.Cases, tc)
 	}
-	doc := junitSuites{Name: "llmgw", Tests: suite.Tests, Failures: suite.Failures, Skipped: suite.Skipped, Suites: []junitSuite{suite}}
+	doc := junitSuites{Name: "llmgw", Tests: suite.Tests, Failures: suite.Failures, Errors: suite.Errors, Skipped: suite.Skipped, Suites: []junitSuite{suite}}
 	if _, err := io.WriteString(w, xml.Header); err != nil {
 		return err
 	}
@@ -371,13 +391,30 @@ func WriteRunDetail(w io.Writer, r *Run, tty bool) error {
 	if t.Workers > 0 {
 		fmt.Fprintf(&b, " (%d)", t.Workers)
 	}
+	if t.WorkerEngineVersion != "" {
+		note := "as the catalog"
+		if t.VersionMismatch {
+			note = "MISMATCH with the catalog's " + dash(t.EngineVersion)
+		}
+		fmt.Fprintf(&b, "\nreported\t%s %s (%s)", t.Engine, oneLine(t.WorkerEngineVersion), note)
+	}
 	fmt.Fprintf(&b, "\nstarted\t%s\nended\t%s\nartifact\t%s\n", r.Started.UTC().Format(time.RFC3339), r.Ended.UTC().Format(time.RFC3339), dash(r.ArtifactID))
 	lanes := r.Lanes.List()
 	parts := make([]string, len(lanes))
 	for i, s := range lanes {
 		parts[i] = LaneNames[i] + "=" + string(s)
 	}
-	fmt.Fprintf(&b, "lanes\t%s\n\n", strings.Join(parts, " "))
+	fmt.Fprintf(&b, "lanes\t%s\n", strings.Join(parts, " "))
+	if len(r.LaneSources) > 0 {
+		var src []string
+		for _, n := range LaneNames {
+			if v, ok := r.LaneSources[n]; ok {
+				src = append(src, n+"="+oneLine(v))
+			}
+		}
+		fmt.Fprintf(&b, "sources\t%s\n", strings.Join(src, " "))
+	}
+	b.WriteString("\n")
 
 	headers := []string{"STEP", "STATUS", "CODE", "DURATION", "REASON", "EVIDENCE"}
 	data := make([][]string, len(r.Steps))

@@ -112,6 +112,7 @@ type parsedSuites struct {
 	XMLName  xml.Name `xml:"testsuites"`
 	Tests    int      `xml:"tests,attr"`
 	Failures int      `xml:"failures,attr"`
+	Errors   int      `xml:"errors,attr"`
 	Skipped  int      `xml:"skipped,attr"`
 	Suites   []struct {
 		Name  string `xml:"name,attr"`
@@ -127,6 +128,9 @@ type parsedSuites struct {
 			Skipped *struct {
 				Message string `xml:"message,attr"`
 			} `xml:"skipped"`
+			Error *struct {
+				Message string `xml:"message,attr"`
+			} `xml:"error"`
 			Props []struct {
 				Name  string `xml:"name,attr"`
 				Value string `xml:"value,attr"`
@@ -147,8 +151,10 @@ func TestJUnitParsesBack(t *testing.T) {
 	if err := dec.Decode(&doc); err != nil {
 		t.Fatalf("JUnit output does not parse: %v", err)
 	}
-	if doc.Tests != 6 || doc.Failures != 1 || doc.Skipped != 3 {
-		t.Errorf("testsuites tests/failures/skipped = %d/%d/%d; want 6/1/3", doc.Tests, doc.Failures, doc.Skipped)
+	// NOT_RUN is an error (nothing was qualified: CI must not go green),
+	// BLOCKED is skipped (a known result).
+	if doc.Tests != 6 || doc.Failures != 1 || doc.Errors != 1 || doc.Skipped != 2 {
+		t.Errorf("testsuites tests/failures/errors/skipped = %d/%d/%d/%d; want 6/1/1/2", doc.Tests, doc.Failures, doc.Errors, doc.Skipped)
 	}
 	if len(doc.Suites) != 1 || len(doc.Suites[0].Cases) != 6 {
 		t.Fatalf("suites = %+v; want one suite with 6 cases", doc.Suites)
@@ -160,13 +166,14 @@ func TestJUnitParsesBack(t *testing.T) {
 		wantCase    string
 		wantFailure string
 		wantSkipped string
+		wantError   string
 		wantSimNote bool
 	}{
-		{"pass", 0, "vllm-qwen3-0.6b-exact-converged", "", "", true},
-		{"blocked", 2, "trtllm-gemma-2-9b-it-exact-converged", "", "BLOCKED architecture_unsupported", true},
-		{"fail", 3, "vllm-llama-3.1-8b-instruct-exact-converged", "FAIL HASH_PARITY_MISMATCH", "", true},
-		{"docker blocked", 4, "vllm-qwen2.5-7b-instruct-rr-converged", "", "BLOCKED no_gpu", false},
-		{"not run", 5, "llamacpp-qwen3-0.6b-chwbl-converged", "", "NOT_RUN", false},
+		{"pass", 0, "vllm-qwen3-0.6b-exact-converged", "", "", "", true},
+		{"blocked", 2, "trtllm-gemma-2-9b-it-exact-converged", "", "BLOCKED architecture_unsupported", "", true},
+		{"fail", 3, "vllm-llama-3.1-8b-instruct-exact-converged", "FAIL HASH_PARITY_MISMATCH", "", "", true},
+		{"docker blocked", 4, "vllm-qwen2.5-7b-instruct-rr-converged", "", "BLOCKED no_gpu", "", false},
+		{"not run", 5, "llamacpp-qwen3-0.6b-chwbl-converged", "", "", "NOT_RUN", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -174,15 +181,18 @@ func TestJUnitParsesBack(t *testing.T) {
 			if c.Name != tc.wantCase {
 				t.Errorf("case name = %q; want %q", c.Name, tc.wantCase)
 			}
-			gotFail, gotSkip := "", ""
+			gotFail, gotSkip, gotErr := "", "", ""
 			if c.Failure != nil {
 				gotFail = c.Failure.Message
 			}
 			if c.Skipped != nil {
 				gotSkip = c.Skipped.Message
 			}
-			if gotFail != tc.wantFailure || gotSkip != tc.wantSkipped {
-				t.Errorf("failure, skipped = %q, %q; want %q, %q", gotFail, gotSkip, tc.wantFailure, tc.wantSkipped)
+			if c.Error != nil {
+				gotErr = c.Error.Message
+			}
+			if gotFail != tc.wantFailure || gotSkip != tc.wantSkipped || gotErr != tc.wantError {
+				t.Errorf("failure, skipped, error = %q, %q, %q; want %q, %q, %q", gotFail, gotSkip, gotErr, tc.wantFailure, tc.wantSkipped, tc.wantError)
 			}
 			if (c.SystemOut == SimulatedNote) != tc.wantSimNote {
 				t.Errorf("system-out = %q; want simulated note %v", c.SystemOut, tc.wantSimNote)
@@ -255,5 +265,38 @@ func TestParseFormat(t *testing.T) {
 				t.Errorf("ParseFormat error %q does not list the valid formats", err)
 			}
 		})
+	}
+}
+
+// TestVersionMismatchOnTheRow: the workers' reported version stands beside
+// the catalog's on the row and in the detail, and lane sources are listed.
+func TestVersionMismatchOnTheRow(t *testing.T) {
+	cases := []struct {
+		name     string
+		tuple    Tuple
+		wantCell string
+	}{
+		{"mismatch", Tuple{EngineVersion: "b7800", WorkerEngineVersion: "b0-unknown", VersionMismatch: true}, "b7800≠b0-unknown"},
+		{"same", Tuple{EngineVersion: "0.31.0", WorkerEngineVersion: "0.31.0"}, "0.31.0"},
+		{"not read", Tuple{EngineVersion: "0.31.0"}, "0.31.0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := versionCell(tc.tuple); got != tc.wantCell {
+				t.Errorf("versionCell = %q; want %q", got, tc.wantCell)
+			}
+		})
+	}
+	r := &Run{ID: "r1", Tuple: Tuple{Engine: "llamacpp", EngineVersion: "b7800", WorkerEngineVersion: "b0-unknown", VersionMismatch: true,
+		Profile: "p", Topology: "converged", Mode: "rr", Launcher: LauncherAttach},
+		LaneSources: map[string]string{"delivery": "engine_metrics llamacpp:prompt_tokens_total", "direct": "worker_answer"}}
+	var b strings.Builder
+	if err := WriteRunDetail(&b, r, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"reported\tllamacpp b0-unknown (MISMATCH with the catalog's b7800)", "sources\tdirect=worker_answer delivery=engine_metrics llamacpp:prompt_tokens_total"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("detail lacks %q:\n%s", want, b.String())
+		}
 	}
 }

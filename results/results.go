@@ -114,6 +114,14 @@ type Tuple struct {
 	SimulatedWorkers bool   `json:"simulated_workers"`
 	Workers          int    `json:"workers,omitempty"`
 	GatewayVersion   string `json:"gateway_version,omitempty"`
+	// WorkerEngineVersion is the version the workers themselves report
+	// (their adapter's version endpoint), beside the catalog's
+	// EngineVersion; "" when not read. Several distinct versions are
+	// joined by ",".
+	WorkerEngineVersion string `json:"worker_engine_version,omitempty"`
+	// VersionMismatch: the workers report a version other than the
+	// catalog's (and the run was allowed to go on).
+	VersionMismatch bool `json:"version_mismatch,omitempty"`
 }
 
 // CaseID is the stable matrix key <engine>-<profile>-<mode>-<topology>.
@@ -212,6 +220,18 @@ func (l Lanes) validate() error {
 	return nil
 }
 
+func validLaneSources(m map[string]string) error {
+	for k, v := range m {
+		if !slices.Contains(LaneNames, k) {
+			return fmt.Errorf("%w: lane source for unknown lane %q (lanes: %s)", ErrInvalidRecord, k, strings.Join(LaneNames, ", "))
+		}
+		if v == "" {
+			return fmt.Errorf("%w: lane %s: empty source", ErrInvalidRecord, k)
+		}
+	}
+	return nil
+}
+
 // Artifact is one evidence file's identity.
 type Artifact struct {
 	Path   string `json:"path"` // relative to the run directory
@@ -221,15 +241,18 @@ type Artifact struct {
 
 // Run is the content of run.json.
 type Run struct {
-	Schema    string     `json:"schema"`
-	ID        string     `json:"id"`
-	Tuple     Tuple      `json:"tuple"`
-	Steps     []Step     `json:"steps"`
-	Lanes     Lanes      `json:"lanes"`
-	Verdict   Status     `json:"verdict"`
-	Artifacts []Artifact `json:"artifacts"`
-	Started   time.Time  `json:"started"`
-	Ended     time.Time  `json:"ended"`
+	Schema string `json:"schema"`
+	ID     string `json:"id"`
+	Tuple  Tuple  `json:"tuple"`
+	Steps  []Step `json:"steps"`
+	Lanes  Lanes  `json:"lanes"`
+	// LaneSources names the evidence source that proved each lane, by
+	// LaneNames entry (e.g. "delivery": "engine_metrics vllm:request_success_total").
+	LaneSources map[string]string `json:"lane_sources,omitempty"`
+	Verdict     Status            `json:"verdict"`
+	Artifacts   []Artifact        `json:"artifacts"`
+	Started     time.Time         `json:"started"`
+	Ended       time.Time         `json:"ended"`
 	// ArtifactID is the SHA-256 of the run's SHA256SUMS file, the run's
 	// immutable identity. It is not stored in run.json (which SHA256SUMS
 	// covers); Store.Get fills it in.
@@ -330,19 +353,21 @@ type RunSummary struct {
 	Verdict Status `json:"verdict"`
 	// ReasonCode and Reason come from the first FAIL step, else the first
 	// BLOCKED step; empty for PASS.
-	ReasonCode string    `json:"reason_code,omitempty"`
-	Reason     string    `json:"reason,omitempty"`
-	Lanes      Lanes     `json:"lanes"`
-	Started    time.Time `json:"started"`
-	Ended      time.Time `json:"ended"`
-	ArtifactID string    `json:"artifact_id"`
+	ReasonCode string `json:"reason_code,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	Lanes      Lanes  `json:"lanes"`
+	// LaneSources: as in Run.
+	LaneSources map[string]string `json:"lane_sources,omitempty"`
+	Started     time.Time         `json:"started"`
+	Ended       time.Time         `json:"ended"`
+	ArtifactID  string            `json:"artifact_id"`
 }
 
 // Summary builds the result row of r.
 func (r *Run) Summary() RunSummary {
 	s := RunSummary{
 		Schema: RunSchema, ID: r.ID, CaseID: r.Tuple.CaseID(), Tuple: r.Tuple,
-		Verdict: r.Verdict.Norm(), Lanes: r.Lanes.norm(), Started: r.Started, Ended: r.Ended, ArtifactID: r.ArtifactID,
+		Verdict: r.Verdict.Norm(), Lanes: r.Lanes.norm(), LaneSources: r.LaneSources, Started: r.Started, Ended: r.Ended, ArtifactID: r.ArtifactID,
 	}
 	for _, want := range []Status{StatusFail, StatusBlocked} {
 		if i := slices.IndexFunc(r.Steps, func(st Step) bool { return st.Status == want }); i >= 0 {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -268,6 +269,35 @@ func (w *RunWriter) SetLanes(l Lanes) error {
 		return ErrFinished
 	}
 	w.run.Lanes = l
+	return nil
+}
+
+// SetLaneSources records which evidence source proved each lane (keys
+// are LaneNames entries).
+func (w *RunWriter) SetLaneSources(m map[string]string) error {
+	if err := validLaneSources(m); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.finished {
+		return ErrFinished
+	}
+	if len(m) > 0 {
+		w.run.LaneSources = maps.Clone(m)
+	}
+	return nil
+}
+
+// SetWorkerVersion records the engine version the workers report, and
+// whether it differs from the catalog's.
+func (w *RunWriter) SetWorkerVersion(version string, mismatch bool) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.finished {
+		return ErrFinished
+	}
+	w.run.Tuple.WorkerEngineVersion, w.run.Tuple.VersionMismatch = version, mismatch
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -110,7 +111,7 @@ func TestWriterRoundTrip(t *testing.T) {
 	if got.ArtifactID != row.ArtifactID {
 		t.Errorf("Get().ArtifactID = %s; want %s", got.ArtifactID, row.ArtifactID)
 	}
-	if gs := got.Summary(); gs != row {
+	if gs := got.Summary(); !reflect.DeepEqual(gs, row) {
 		t.Errorf("Get().Summary() = %+v;\nwant %+v", gs, row)
 	}
 	if !got.Started.Equal(time.Date(2026, 11, 30, 1, 0, 1, 0, time.UTC)) || !got.Ended.After(got.Started) {
@@ -121,7 +122,7 @@ func TestWriterRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 1 || rows[0] != row {
+	if len(rows) != 1 || !reflect.DeepEqual(rows[0], row) {
 		t.Errorf("List() = %+v; want [%+v]", rows, row)
 	}
 	rep, err := s.Verify("run-1")

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -34,8 +35,13 @@ type LedgerState struct {
 	// Containers and Networks are docker ids (also labelled llmgw.run).
 	Containers []string `json:"containers,omitempty"`
 	Networks   []string `json:"networks,omitempty"`
-	// PIDs are child processes started by this run.
+	// PIDs are child processes recorded without their start time (ledgers
+	// of earlier versions). Cleanup cannot prove such a process is still
+	// the one started, so it never signals it.
 	PIDs []int `json:"pids,omitempty"`
+	// Processes are child processes started by this run, each with its
+	// start time, so a recycled PID is never mistaken for ours.
+	Processes []OwnedProcess `json:"processes,omitempty"`
 	// Rules are rules applied on a gateway's admin API.
 	Rules []OwnedRule `json:"rules,omitempty"`
 	// Dirs are temporary directories (the embedded gateway's state).
@@ -44,16 +50,62 @@ type LedgerState struct {
 
 // OwnedRule is one applied rule: the admin API base URL and the rule name.
 // Embedded marks a rule on the run's own embedded gateway, which dies with
-// the process that ran it.
+// the process that ran it. TokenFile is the path of the file holding the
+// admin bearer token the rule was applied with ("" for none): cleanup
+// reads it then, the token itself is never written to a ledger.
 type OwnedRule struct {
-	Admin    string `json:"admin"`
-	Name     string `json:"name"`
-	Embedded bool   `json:"embedded,omitempty"`
+	Admin     string `json:"admin"`
+	Name      string `json:"name"`
+	Embedded  bool   `json:"embedded,omitempty"`
+	TokenFile string `json:"token_file,omitempty"`
+}
+
+// OwnedProcess is a child process: its PID and its start time in clock
+// ticks since boot (field 22 of /proc/PID/stat), which together name the
+// very process, not whatever reuses the PID later.
+type OwnedProcess struct {
+	PID   int    `json:"pid"`
+	Start uint64 `json:"start_ticks"`
+}
+
+// ProcessStart reads pid's start time (clock ticks since boot) from
+// /proc/PID/stat. The command name (field 2) may hold spaces and
+// parentheses, so fields are counted after its last ')'.
+func ProcessStart(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("runbook: process %d: %w", pid, err)
+	}
+	return parseStatStart(b)
+}
+
+func parseStatStart(b []byte) (uint64, error) {
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("runbook: /proc stat: no command name")
+	}
+	// After ")": field 3 (state) onwards; starttime is field 22.
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("runbook: /proc stat: %d fields after the command name, want ≥ 20", len(f))
+	}
+	v, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("runbook: /proc stat: start time %q: %w", f[19], err)
+	}
+	return v, nil
+}
+
+// SameProcess reports whether p still names the process that was
+// recorded: the PID runs and started at the recorded time.
+func SameProcess(p OwnedProcess) bool {
+	st, err := ProcessStart(p.PID)
+	return err == nil && st == p.Start
 }
 
 // Empty reports whether the ledger owns nothing any more.
 func (s LedgerState) Empty() bool {
-	return len(s.Containers) == 0 && len(s.Networks) == 0 && len(s.PIDs) == 0 && len(s.Rules) == 0 && len(s.Dirs) == 0
+	return len(s.Containers) == 0 && len(s.Networks) == 0 && len(s.PIDs) == 0 && len(s.Processes) == 0 && len(s.Rules) == 0 && len(s.Dirs) == 0
 }
 
 // Ledger persists one run's ownership state; every change is written at
@@ -140,6 +192,7 @@ func (s LedgerState) clone() LedgerState {
 	c.Containers = slices.Clone(s.Containers)
 	c.Networks = slices.Clone(s.Networks)
 	c.PIDs = slices.Clone(s.PIDs)
+	c.Processes = slices.Clone(s.Processes)
 	c.Rules = slices.Clone(s.Rules)
 	c.Dirs = slices.Clone(s.Dirs)
 	return c
@@ -160,7 +213,9 @@ func readLedger(path string) (LedgerState, error) {
 }
 
 // Ledgers lists the ledgers under outDir, sorted by run ID. A missing
-// directory is no ledgers.
+// directory is no ledgers. A ledger that cannot be read does not hide the
+// others: they are returned with an error (wrapping ErrBadLedger or the
+// read error) naming each unreadable file.
 func Ledgers(outDir string) ([]*Ledger, error) {
 	dir := filepath.Join(outDir, LedgerDir)
 	ents, err := os.ReadDir(dir)
@@ -171,6 +226,7 @@ func Ledgers(outDir string) ([]*Ledger, error) {
 		return nil, fmt.Errorf("runbook: ledgers: %w", err)
 	}
 	var out []*Ledger
+	var bad []error
 	for _, e := range ents {
 		name := e.Name()
 		if e.IsDir() || !strings.HasSuffix(name, ".json") || strings.HasPrefix(name, ".") {
@@ -179,12 +235,13 @@ func Ledgers(outDir string) ([]*Ledger, error) {
 		p := filepath.Join(dir, name)
 		st, err := readLedger(p)
 		if err != nil {
-			return nil, err
+			bad = append(bad, err)
+			continue
 		}
 		out = append(out, &Ledger{path: p, state: st})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].state.RunID < out[j].state.RunID })
-	return out, nil
+	return out, errors.Join(bad...)
 }
 
 // LoadLedger returns the ledger of runID under outDir; fs.ErrNotExist when

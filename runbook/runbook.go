@@ -43,6 +43,9 @@ type Outcome struct {
 	// Lanes lists the evidence lanes this outcome speaks for (e.g. the direct
 	// inference step sets the direct-worker lane). Nil sets none.
 	Lanes []Lane
+	// Sources names, per lane, the evidence source that proved it (or whose
+	// absence blocked it).
+	Sources map[Lane]string
 }
 
 // Evidence is one evidence file a step leaves: a name relative to the step's
@@ -93,6 +96,17 @@ func (o Outcome) With(name string, data []byte) Outcome {
 // For returns o speaking for the given lanes.
 func (o Outcome) For(lanes ...Lane) Outcome {
 	o.Lanes = append(o.Lanes, lanes...)
+	return o
+}
+
+// From returns o naming src as the evidence source of lane.
+func (o Outcome) From(lane Lane, src string) Outcome {
+	m := make(map[Lane]string, len(o.Sources)+1)
+	for k, v := range o.Sources {
+		m[k] = v
+	}
+	m[lane] = src
+	o.Sources = m
 	return o
 }
 
@@ -243,6 +257,7 @@ func (rn *Runner) Execute(ctx context.Context, rb Runbook, w *results.RunWriter,
 	}
 
 	lanes := results.Lanes{}
+	sources := map[string]string{}
 	blockedBy := ""
 	for i, step := range rb.Steps {
 		name := step.Name()
@@ -274,6 +289,9 @@ func (rn *Runner) Execute(ctx context.Context, rb Runbook, w *results.RunWriter,
 		record(i, name, o, started, ended)
 		for _, l := range o.Lanes {
 			setLane(&lanes, l, o.Status)
+			if src := o.Sources[l]; src != "" && o.Status != results.StatusSkipped {
+				sources[laneName(l)] = src
+			}
 		}
 		if o.Status == results.StatusFail || o.Status == results.StatusBlocked {
 			if opt, ok := step.(Optional); !ok || !opt.Optional() {
@@ -295,12 +313,23 @@ func (rn *Runner) Execute(ctx context.Context, rb Runbook, w *results.RunWriter,
 	if err := w.SetLanes(lanes); err != nil {
 		recErr = errors.Join(recErr, err)
 	}
+	if err := w.SetLaneSources(sources); err != nil {
+		recErr = errors.Join(recErr, err)
+	}
 	sum, err := w.Finish()
 	if err != nil {
 		return rep, errors.Join(recErr, fmt.Errorf("runbook: finish run: %w", err))
 	}
 	rep.Summary = sum
 	return rep, recErr
+}
+
+// laneName is the results name of lane (results.LaneNames order).
+func laneName(l Lane) string {
+	if int(l) >= 0 && int(l) < len(results.LaneNames) {
+		return results.LaneNames[l]
+	}
+	return fmt.Sprintf("lane%d", int(l))
 }
 
 func setLane(l *results.Lanes, lane Lane, s results.Status) {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -45,12 +47,19 @@ type capturedRequest struct {
 
 // notApplicable lists the captured cases a simulator cannot replay, with
 // the reason. Every other case is replayed; the test fails if this list
-// names a case that is not captured.
-var notApplicable = map[string]string{
-	"sigterm_mid_stream":       "the process was sent SIGTERM mid-stream (transport.json sigterm_mid_stream); a simulator runs in-process, its crash_after_chunks fault is the analogue and is tested in engines/sim",
-	"sigkill_mid_stream":       "the process was sent SIGKILL mid-stream; see sigterm_mid_stream",
-	"sigterm_mid_json_request": "SIGTERM during a non-streamed request (0 bytes, then EOF); a signal to the engine process, not a wire exchange",
-	"sigkill_mid_json_request": "SIGKILL during a non-streamed request; see sigterm_mid_json_request",
+// names a case that is not captured. It is empty: every capture applies.
+var notApplicable = map[string]string{}
+
+// signalCases were captured while the server process was killed (SIGTERM
+// or SIGKILL) mid-answer: the client kept the complete chunks it had, then
+// saw EOF with no terminator, or got 0 bytes then EOF for a non-streamed
+// request (transport.json sigterm_*, sigkill_*). The process side (exit
+// status, refused reconnects) is no wire exchange; the wire side is the
+// simulator's crash_after_chunks fault, replayed here with the captured
+// number of events.
+var signalCases = map[string]bool{
+	"sigterm_mid_stream": true, "sigkill_mid_stream": true,
+	"sigterm_mid_json_request": true, "sigkill_mid_json_request": true,
 }
 
 // instanceConfig is the simulator configuration standing in for each
@@ -58,7 +67,7 @@ var notApplicable = map[string]string{
 func instanceConfig(instance string, clock *testClock) (sim.Config, bool) {
 	base := sim.Config{MaxConcurrency: 2}
 	switch instance {
-	case "main":
+	case "main", "sigterm", "sigkill", "sigterm_json", "sigkill_json":
 		return base, true
 	case "metrics_slots":
 		base.EnableMetrics, base.EnableSlots = true, true
@@ -179,8 +188,12 @@ func TestConformance(t *testing.T) {
 				if name == "health_ready_after_loading" {
 					clock.advance(2 * time.Hour)
 				}
-				want := readCapture(t, filepath.Join(dir, c.ResponseFile))
 				req := readRequest(t, filepath.Join(dir, c.RequestFile))
+				if signalCases[name] {
+					replayKilled(t, s, filepath.Join(dir, c.ResponseFile), req)
+					return
+				}
+				want := readCapture(t, filepath.Join(dir, c.ResponseFile))
 				if strings.HasSuffix(name, "_busy") {
 					stop := startBusy(t, s)
 					defer stop()
@@ -196,6 +209,83 @@ func TestConformance(t *testing.T) {
 			t.Errorf("notApplicable names %q, which is not a captured case", name)
 		}
 	}
+}
+
+// replayKilled replays a capture cut off by a signal: the sim is told to
+// crash after as many chunks as the capture holds, and must send the same
+// head and that many complete chunks, then close without a terminator; a
+// capture with no bytes must get none.
+func replayKilled(t *testing.T, s *sim.Sim, file string, req capturedRequest) {
+	t.Helper()
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want *rawResponse
+	n := 1 // a non-streamed request dies at any chunk count
+	if len(raw) > 0 {
+		if want, err = readCut(raw); err != nil {
+			t.Fatalf("capture: %v", err)
+		}
+		n = len(want.chunks)
+	}
+	ctl := dial(t, s.Addrs().HTTP)
+	if r := ctl.roundTrip("POST", "/_sim/faults", jsonCT, fmt.Sprintf(`{"crash_after_chunks":%d}`, n)); r.status != 200 {
+		t.Fatalf("set fault: %d %s", r.status, r.body)
+	}
+	defer ctl.roundTrip("POST", "/_sim/faults", jsonCT, `{"reset":true}`)
+	c := dial(t, s.Addrs().HTTP)
+	c.send(req.Method, req.Path, requestHeaders(req), req.Body)
+	got, err := io.ReadAll(c.br)
+	if err != nil {
+		t.Fatalf("read to EOF: %v", err)
+	}
+	if want == nil {
+		if len(got) != 0 {
+			t.Fatalf("got %d bytes, want none before EOF: %q", len(got), trim(got))
+		}
+		return
+	}
+	g, err := readCut(got)
+	if err != nil {
+		t.Fatalf("answer: %v", err)
+	}
+	if g.status != want.status {
+		t.Errorf("status %d, want %d", g.status, want.status)
+	}
+	for _, h := range append([]string{"Content-Type"}, connHeaders...) {
+		wv, _ := want.get(h)
+		gv, _ := g.get(h)
+		if wv != gv {
+			t.Errorf("%s %q, want %q", h, gv, wv)
+		}
+	}
+	if w, gn := headerOrder(want), headerOrder(g); !slices.Equal(w, gn) {
+		t.Errorf("header order %v, want %v", gn, w)
+	}
+	if len(g.chunks) != len(want.chunks) {
+		t.Errorf("%d complete chunks before EOF, want %d", len(g.chunks), len(want.chunks))
+	}
+	for i, ch := range g.chunks {
+		if ev, err := sseEvents(ch); err != nil || len(ev) != 1 {
+			t.Errorf("chunk %d is not exactly one event: %q", i, trim(ch))
+		}
+	}
+}
+
+// readCut parses an answer that ends at EOF on a chunk boundary, without
+// the terminating chunk.
+func readCut(b []byte) (*rawResponse, error) {
+	r, err := parseRaw(b)
+	switch {
+	case err == nil:
+		return nil, errors.New("the answer has its terminating chunk")
+	case r == nil || !r.chunked:
+		return nil, err
+	case !errors.Is(err, io.EOF) || !strings.HasPrefix(err.Error(), "chunk size"):
+		return nil, fmt.Errorf("not cut on a chunk boundary: %w", err)
+	}
+	return r, nil
 }
 
 // startShared starts a sim that serves every case of one instance: it is

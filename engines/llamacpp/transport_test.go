@@ -196,3 +196,21 @@ func TestServingConnLimit(t *testing.T) {
 		}
 	})
 }
+
+// TestSlotsFailOnNoSlot: /slots?fail_on_no_slot=1 answers 503 when every
+// slot is busy (checked against the same build: the body below is its
+// answer) and 200 while one is idle (case slots_fail_on_no_slot).
+func TestSlotsFailOnNoSlot(t *testing.T) {
+	s := startSim(t, sim.Config{MaxConcurrency: 1, EnableSlots: true, DecodePerToken: 2 * time.Millisecond})
+	c := dial(t, s.Addrs().HTTP)
+	if r := c.roundTrip("GET", "/slots?fail_on_no_slot=1", nil, ""); r.status != 200 {
+		t.Fatalf("idle: %d %s", r.status, r.body)
+	}
+	stop := startBusy(t, s)
+	defer stop()
+	r := c.roundTrip("GET", "/slots?fail_on_no_slot=1", nil, "")
+	const want = `{"error":{"code":503,"message":"no slot available","type":"unavailable_error"}}`
+	if r.status != 503 || string(r.body) != want {
+		t.Fatalf("busy: %d %s, want 503 %s", r.status, r.body, want)
+	}
+}

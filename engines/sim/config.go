@@ -46,6 +46,11 @@ type Config struct {
 	Model string
 	// Role is RoleBoth (default), RolePrefill or RoleDecode.
 	Role string
+	// Silent: serve no /_sim/* control endpoints (no receipts, faults or
+	// addresses), so the simulator is as silent as a real engine and the
+	// lab must prove its work from the engine's own surfaces. Such paths
+	// get the persona's own 404.
+	Silent bool
 	// BlockSize is the tokens per KV block: default 16 for vLLM, SGLang
 	// (page size) and llama.cpp, 32 for TensorRT-LLM (tokens_per_block).
 	BlockSize int

@@ -154,13 +154,16 @@ func (s *Sim) prefill(job *genJob) *genOutcome {
 
 // generate fills in the deterministic completion: its length is drawn from
 // the seed and prompt (8..32 tokens, finish "stop"), capped by max (finish
-// "length").
+// "length"); with ignore_eos and a max it is max.
 func (s *Sim) generate(job *genJob, out *genOutcome) {
 	h := uint64(s.cfg.Seed)
 	for _, t := range job.prompt {
 		h = splitmix64(h ^ uint64(t))
 	}
 	natural := 8 + int(h%25)
+	if r := job.req; r != nil && r.IgnoreEOS != nil && *r.IgnoreEOS && job.max >= 0 {
+		natural = job.max
+	}
 	n, finish := natural, "stop"
 	if job.max >= 0 && job.max <= natural {
 		n, finish = job.max, "length"

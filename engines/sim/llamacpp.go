@@ -439,8 +439,12 @@ func (s *Sim) llamaModels(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(w.b)
 }
 
-// llamaNEmbd is the embedding width of the captured tiny model.
-const llamaNEmbd = 64
+// llamaNEmbd is the embedding width of the captured tiny model, llamaEOS
+// its EOS token.
+const (
+	llamaNEmbd = 64
+	llamaEOS   = 2
+)
 
 // llamaSampling is one slot's sampling parameters as llama-server reports
 // them (props default_generation_settings.params, /slots params, native
@@ -451,6 +455,9 @@ type llamaSampling struct {
 	seed        int64
 	temperature string // as llama-server prints the float
 	stream      bool
+	// ignoreEOS shows as a -inf (null) logit bias on EOS, ignore_eos
+	// itself staying false (case slots_enabled_busy).
+	ignoreEOS bool
 }
 
 func llamaDefaultSampling() llamaSampling {
@@ -465,6 +472,7 @@ func (s *Sim) samplingFor(job *genJob) llamaSampling {
 	p.nPredict = job.max
 	p.stream = job.stream
 	if r := job.req; r != nil {
+		p.ignoreEOS = r.IgnoreEOS != nil && *r.IgnoreEOS
 		if r.Seed != nil {
 			p.seed = *r.Seed
 		}
@@ -490,6 +498,11 @@ func (p llamaSampling) write(w *jw) {
 		w.key(kv[0]).raw([]byte(kv[1]))
 	}
 	w.kbool("stream", p.stream)
+	if p.ignoreEOS {
+		w.key("logit_bias").raw([]byte(`[{"bias":null,"token":` + strconv.Itoa(llamaEOS) + `}]`))
+	} else {
+		w.key("logit_bias").raw([]byte("[]"))
+	}
 	for _, kv := range llamaStaticParams3 {
 		w.key(kv[0]).raw([]byte(kv[1]))
 	}
@@ -508,7 +521,7 @@ var (
 	}
 	llamaStaticParams2 = [][2]string{{"n_keep", "0"}, {"n_discard", "0"}, {"ignore_eos", "false"}}
 	llamaStaticParams3 = [][2]string{
-		{"logit_bias", "[]"}, {"n_probs", "0"}, {"min_keep", "0"}, {"grammar", `""`}, {"grammar_trigger_words", "[]"},
+		{"n_probs", "0"}, {"min_keep", "0"}, {"grammar", `""`}, {"grammar_trigger_words", "[]"},
 		{"grammar_trigger_tokens", "[]"}, {"preserved_tokens", "[]"}, {"chat_format", `"Content-only"`},
 		{"samplers", `["penalties","dry","top_k","typ_p","top_p","min_p","xtc","temperature"]`},
 		{"speculative.n_max", "16"}, {"speculative.n_min", "0"}, {"speculative.p_min", "0.75"},
@@ -527,8 +540,14 @@ func (s *Sim) writeSlot(w *jw, id int, busy bool) {
 		kint("n_remain", -1).kint("n_decoded", 0).kstr("stopping_word", "").end().end()
 }
 
+// llamaServeSlots is GET /slots; with ?fail_on_no_slot it answers 503 "no
+// slot available" when every slot is busy (checked against the same build).
 func (s *Sim) llamaServeSlots(ctx *fasthttp.RequestCtx) {
 	busy := int(s.running.Load())
+	if ctx.QueryArgs().Has("fail_on_no_slot") && busy >= s.llamaSlots() {
+		s.writeError(ctx, nil, fasthttp.StatusServiceUnavailable, "no slot available", false)
+		return
+	}
 	w := &jw{}
 	w.arr()
 	for i := 0; i < s.llamaSlots(); i++ {

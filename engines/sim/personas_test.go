@@ -30,13 +30,14 @@ func TestSGLangConformance(t *testing.T) {
 		{"err_generate_no_input", "POST", "/generate", `{"sampling_params":{}}`, 400, "application/json"},
 		{"err_bad_room", "POST", "/v1/completions", `{"prompt":"x","bootstrap_host":"127.0.0.1","bootstrap_port":1,"bootstrap_room":-5}`, 400, "application/json"},
 	})
-	// get_server_info reports the page size and the bootstrap port.
+	// get_server_info reports the page size (SGLang's default, 1, as the
+	// sim was started without one) and the bootstrap port.
 	res := do(t, client(t), "GET", "http://"+s.Addrs().HTTP+"/get_server_info", "")
 	var info struct {
 		PageSize      int `json:"page_size"`
 		BootstrapPort int `json:"disaggregation_bootstrap_port"`
 	}
-	if err := json.Unmarshal(res.body, &info); err != nil || info.PageSize != 16 || fmt.Sprint(info.BootstrapPort) != portOf(s.Addrs().Bootstrap) {
+	if err := json.Unmarshal(res.body, &info); err != nil || info.PageSize != engines.MustFor(engines.SGLang).KV().BlockSize || fmt.Sprint(info.BootstrapPort) != portOf(s.Addrs().Bootstrap) {
 		t.Errorf("get_server_info: %s (err %v)", res.body, err)
 	}
 }

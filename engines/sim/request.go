@@ -29,8 +29,11 @@ type genRequest struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stream              *bool           `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
-	User                *string         `json:"user"`
-	Metadata            json.RawMessage `json:"metadata"`
+	// IgnoreEOS (vLLM, TensorRT-LLM and llama.cpp accept it at the top
+	// level) makes generation run to max_tokens.
+	IgnoreEOS *bool           `json:"ignore_eos"`
+	User      *string         `json:"user"`
+	Metadata  json.RawMessage `json:"metadata"`
 
 	// The P/D hand-off fields are read by the engine's adapter
 	// (engines.PDProtocol.ParseLeg), not here.

@@ -15,10 +15,10 @@ import (
 )
 
 // handle routes one HTTP request. Routes common to every persona live under
-// /_sim/; the rest are the persona's own.
+// /_sim/ (unless Silent); the rest are the persona's own.
 func (s *Sim) handle(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
-	if strings.HasPrefix(path, "/_sim/") {
+	if strings.HasPrefix(path, "/_sim/") && !s.cfg.Silent {
 		s.handleSim(ctx, path)
 		return
 	}

@@ -8,7 +8,12 @@
 //     known-BLOCKED tuple ends here with its reason code, nothing launched
 //  2. launch workers    through the Launcher; health and /v1/models wait
 //  3. prove direct inference  each worker answers a nonce request, bypassing
-//     the gateway, and its own receipt log records it (direct-worker lane)
+//     the gateway, with a well-formed completion (direct-worker lane); each
+//     worker's evidence source is chosen here: its receipt log when it is
+//     a simulator that keeps one (the receipt must record the request),
+//     else the engine-native surfaces its adapter names (a work counter on
+//     /metrics, llama.cpp's /slots). A worker with none leaves the lanes
+//     that need one BLOCKED with the reason, not this step
 //  4. apply rule        POST /v1/rules (the embedded gateway is started
 //     first when no external one is given)
 //  5. read back         the effective rule equals what was applied, field by
@@ -21,7 +26,8 @@
 //  7. routing evidence  rr: every worker gets traffic; chwbl: a repeated
 //     prefix sticks to one worker; exact: a same-prefix follow-up lands on the
 //     warmed worker with a kv-exact hit while engine-reported cached tokens
-//     rise
+//     rise. Every request is attributed to the worker whose evidence
+//     source shows it, and the gateway's decision log must agree
 //  8. drain             one endpoint drained, its in-flight reaches 0 and it
 //     receives nothing new (checked on its receipts, not only headers)
 //  9. cleanup           the runner's deferred cleanups (rule deleted with
@@ -42,6 +48,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // the adapters the lab asks
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/profiles"
@@ -95,6 +102,9 @@ type Options struct {
 	GatewayAdmin string
 	// GatewayToken is the external gateway's admin bearer token.
 	GatewayToken string
+	// GatewayTokenFile is the file GatewayToken was read from; its path
+	// (never the token) goes into the ownership ledger for `llmgw cleanup`.
+	GatewayTokenFile string
 	// HealthTimeout bounds the wait for workers to be healthy; 0 means 60 s.
 	HealthTimeout time.Duration
 	// ReadyTimeout bounds waits for gateway-side conditions (readiness,
@@ -103,6 +113,10 @@ type Options struct {
 	// RuleHook, when set, may change the rule before it is applied. Tests
 	// use it to provoke a rejected rule or a rule that contradicts the mode.
 	RuleHook func(r *rule.Rule)
+	// AcceptVersionMismatch lets a run go on when real workers report an
+	// engine version other than the catalog tuple's (the mismatch is still
+	// recorded on the row).
+	AcceptVersionMismatch bool
 	// StepHook, when set, is called before each step runs (tests use it to
 	// cancel the context mid-run, as Ctrl-C would).
 	StepHook func(step string)
@@ -224,6 +238,10 @@ type state struct {
 
 	workers []runbook.Worker
 	client  *http.Client
+	// adapter is the engine's contract; wit the workers' evidence sources
+	// (chosen in the direct step).
+	adapter engines.Adapter
+	wit     *labkit.Witnesses
 
 	admin    *runbook.Admin
 	gw       *gateway.Server

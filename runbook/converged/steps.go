@@ -40,6 +40,11 @@ func (s *state) selectTuple(_ context.Context, r *runbook.Run) runbook.Outcome {
 func (s *state) launch(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
 	s.client = labkit.NewClient(r)
+	a, err := engines.For(engines.Kind(o.Engine))
+	if err != nil {
+		return runbook.Fail("NO_ADAPTER", "%v", err)
+	}
+	s.adapter = a
 	// Registered before Launch: Stop is idempotent and cleans up a launch
 	// that failed half-way.
 	r.Defer("stop workers", func(ctx context.Context) error { return s.stopWorkers(ctx) })
@@ -86,8 +91,15 @@ func (s *state) launch(ctx context.Context, r *runbook.Run) runbook.Outcome {
 				With("workers.json", labkit.MustJSON(ws)).With("health.json", labkit.MustJSON(report))
 		}
 	}
-	out.Reason = fmt.Sprintf("%d workers healthy and serving %s (%s)", len(ws), s.spec.Model, ws[0].Owner)
-	return out.With("health.json", labkit.MustJSON(report))
+	out = out.With("health.json", labkit.MustJSON(report))
+	ver, _ := o.Catalog.Versions().For(o.Engine)
+	vc, fail, ok := labkit.RecordVersions(ctx, r, s.client, ws, s.adapter, ver.Version, o.Launcher.Simulated(), o.AcceptVersionMismatch)
+	if !ok {
+		return labkit.WithEvidence(fail, out)
+	}
+	out = out.With("versions.json", labkit.MustJSON(vc))
+	out.Reason = fmt.Sprintf("%d workers healthy and serving %s (%s); %s", len(ws), s.spec.Model, ws[0].Owner, vc.Note())
+	return out
 }
 
 func (s *state) stopWorkers(ctx context.Context) error {
@@ -134,6 +146,7 @@ func (s *state) longPrompt(runID, topic string) string {
 
 func (s *state) direct(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Pass("").For(runbook.LaneDirectWorker)
+	echo, _ := s.adapter.(engines.RequestIDEcho)
 	for _, w := range s.workers {
 		nonce := r.ID + "-direct-" + w.ID
 		ex, err := labkit.Do(ctx, s.client, http.MethodPost, "http://"+w.HTTP+labkit.CompletionPath(s.chat()),
@@ -150,17 +163,51 @@ func (s *state) direct(ctx context.Context, r *runbook.Run) runbook.Outcome {
 		if err != nil || c.Text == "" {
 			return labkit.WithEvidence(runbook.Fail("DIRECT_BAD_COMPLETION", "worker %s: no generated text (%v)", w.ID, err), out)
 		}
-		recs, err := labkit.Receipts(ctx, s.client, w)
+		if echo != nil {
+			if want := echo.ResponseID(nonce, s.chat()); c.ID != want {
+				return labkit.WithEvidence(runbook.Fail("DIRECT_REQUEST_ID_LOST", "worker %s answered id %q, want %q (%s builds it from X-Request-Id)", w.ID, c.ID, want, s.adapter.Display()), out)
+			}
+		}
+	}
+	// The answers are the direct proof; the evidence sources are for the
+	// lanes after this one.
+	s.wit = labkit.ChooseWitnesses(ctx, s.client, s.workers, s.adapter)
+	sources := map[string]string{}
+	for _, w := range s.workers {
+		if wt, ok := s.wit.ByWorker[w.ID]; ok {
+			sources[w.ID] = wt.Source()
+		} else {
+			sources[w.ID] = "none: " + s.wit.Missing[w.ID].Error()
+		}
+	}
+	out = out.With("evidence-sources.json", labkit.MustJSON(sources))
+	src := labkit.SourceAnswer
+	if s.wit.Receipts() {
+		// A simulator's receipt must record the very request.
+		all, err := s.allReceipts(ctx)
 		if err != nil {
 			return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
 		}
-		rec, ok := labkit.ReceiptFor(recs, nonce)
-		if !ok || rec.Nonce != nonce || rec.Status != http.StatusOK {
-			return labkit.WithEvidence(runbook.Fail("DIRECT_NO_RECEIPT", "worker %s answered but its receipt log has no 200 receipt for request %s (nonce %s)", w.ID, nonce, nonce), out)
+		for _, w := range s.workers {
+			nonce := r.ID + "-direct-" + w.ID
+			rec, ok := labkit.ReceiptFor(all[w.ID], nonce)
+			if !ok || rec.Nonce != nonce || rec.Status != http.StatusOK {
+				return labkit.WithEvidence(runbook.Fail("DIRECT_NO_RECEIPT", "worker %s answered but its receipt log has no 200 receipt for request %s (nonce %s)", w.ID, nonce, nonce), out)
+			}
+			out = out.With(w.ID+"-receipt.json", labkit.MustJSON(rec))
 		}
-		out = out.With(w.ID+"-receipt.json", labkit.MustJSON(rec))
+		src += "+" + labkit.SourceReceipts
 	}
-	out.Reason = fmt.Sprintf("%d/%d workers answered a nonce request directly, each with its own receipt", len(s.workers), len(s.workers))
+	out = out.From(runbook.LaneDirectWorker, src)
+	out.Reason = fmt.Sprintf("%d/%d workers answered a nonce request directly with a well-formed completion (%s)", len(s.workers), len(s.workers), src)
+	if echo != nil {
+		out.Reason += ", each answer id carrying its X-Request-Id"
+	}
+	if _, blocked := s.wit.Blocked(); blocked {
+		out.Reason += fmt.Sprintf("; evidence source missing on %d worker(s), the gateway lanes will be BLOCKED", len(s.wit.Missing))
+	} else {
+		out.Reason += "; evidence source: " + s.wit.Source()
+	}
 	return out
 }
 
@@ -204,7 +251,7 @@ func (s *state) apply(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
 	s.ruleName = "rb-" + labkit.ShortID(r.ID)
 	a, out, ok := labkit.Apply(ctx, r, labkit.ApplyOptions{
-		AdminURL: o.GatewayAdmin, Token: o.GatewayToken, DirPattern: "llmgw-runbook-gw-", Logger: o.Logger, Client: s.client,
+		AdminURL: o.GatewayAdmin, Token: o.GatewayToken, TokenFile: o.GatewayTokenFile, DirPattern: "llmgw-runbook-gw-", Logger: o.Logger, Client: s.client,
 		Name: s.ruleName, Build: s.buildRule, Hook: o.RuleHook, MarkEmbedded: true,
 	})
 	s.gw, s.admin, s.applied = a.Gateway, a.Admin, a.Rule

@@ -1,8 +1,11 @@
 package converged
 
 import (
+	"errors"
+
 	"context"
 	"fmt"
+	"github.com/llmgw/llmgw/engines"
 	"net/http"
 	"slices"
 	"strings"
@@ -24,65 +27,154 @@ func (s *state) workerIDs() []string {
 
 // ---- 6. deliver through the gateway ----------------------------------------
 
+// errNotDelivered ends an observation whose request the gateway did not
+// answer well (the outcome says why).
+var errNotDelivered = errors.New("converged: request not delivered")
+
+// evidenceSource is the lane label of the workers' sources, with the
+// gateway's decision log when it was cross-checked.
+func (s *state) evidenceSource(decisions bool) string {
+	src := s.wit.Source()
+	if decisions {
+		src += "+" + labkit.SourceDecisions
+	}
+	return src
+}
+
 func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneGatewayDelivery)
-	type sent struct {
-		name, rid string
-		stream    bool
-		ex        labkit.Exchange
+	if b, blocked := s.wit.Blocked(); blocked {
+		// Routing needs the same evidence: its lane says so too, not only
+		// "blocked by" this step.
+		return b.For(runbook.LaneGatewayDelivery, runbook.LaneRoutingEvidence).From(runbook.LaneGatewayDelivery, "none").From(runbook.LaneRoutingEvidence, "none")
 	}
-	var positive []sent
+	receipts := s.wit.Receipts()
+	var lines []string
+	var rts []routed
 	for _, stream := range []bool{false, true} {
 		kind, rid := labkit.Kind(stream), r.ID+"-deliver-"+labkit.Kind(stream)
-		ex, o, ok := labkit.Deliver(ctx, s.client, s.gatewayURL(), rid, labkit.RequestBody(s.chat(), s.spec.Model, "Delivery check ("+kind+") for run "+r.ID+".", rid, stream), stream, out)
-		if out = o; !ok {
-			return out
+		var ex labkit.Exchange
+		fail := out
+		servers, err := s.wit.Observe(ctx, rid, s.o.ReadyTimeout, func() error {
+			var ok bool
+			ex, fail, ok = labkit.Deliver(ctx, s.client, s.gatewayURL(), rid, labkit.RequestBody(s.chat(), s.spec.Model, "Delivery check ("+kind+") for run "+r.ID+".", rid, stream), stream, out)
+			if !ok {
+				return errNotDelivered
+			}
+			return nil
+		})
+		if errors.Is(err, errNotDelivered) {
+			return fail
 		}
-		if ep := ex.Get("X-Llmgw-Endpoint"); !slices.Contains(s.workerIDs(), ep) {
+		out = fail
+		if err != nil {
+			return labkit.WithEvidence(labkit.FailErr(ctx, "EVIDENCE_READ_FAILED", err), out)
+		}
+		ep := ex.Get("X-Llmgw-Endpoint")
+		if !slices.Contains(s.workerIDs(), ep) {
 			return labkit.WithEvidence(runbook.Fail("DELIVERY_NO_ENDPOINT", "%s answer names endpoint %q, not one of %v", kind, ep, s.workerIDs()), out)
 		}
-		positive = append(positive, sent{name: kind, rid: rid, stream: stream, ex: ex})
+		switch {
+		case len(servers) == 0:
+			return labkit.WithEvidence(runbook.Fail("DELIVERY_NO_RECEIPT", "the gateway answered %s request %s from %s, but no worker's evidence source (%s) shows it: read-back and a 2xx are not delivery proof", kind, rid, ep, s.wit.Source()), out)
+		case len(servers) > 1 || servers[0] != ep:
+			return labkit.WithEvidence(runbook.Fail("DELIVERY_WRONG_WORKER", "%s request %s: the gateway names %s but the evidence (%s) is on %v", kind, rid, ep, s.wit.Source(), servers), out)
+		}
+		if receipts {
+			all, err := s.allReceipts(ctx)
+			if err != nil {
+				return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+			}
+			rec, _ := labkit.ReceiptFor(all[ep], rid)
+			if rec.Stream != stream {
+				return labkit.WithEvidence(runbook.Fail("DELIVERY_MODE", "%s request %s reached %s with stream=%v", kind, rid, ep, rec.Stream), out)
+			}
+			out = out.With(kind+"-receipt.json", labkit.MustJSON(rec))
+		}
+		if o, ok := s.checkEcho(ex, rid, stream, out); !ok {
+			return o
+		}
+		rts = append(rts, routed{RID: rid, Status: ex.Status, Endpoint: ep, Receipt: servers[0]})
+		lines = append(lines, fmt.Sprintf("%s→%s", kind, ep))
 	}
 
 	// Negative requests: each must be refused by the gateway itself and
-	// reach no worker.
+	// reach no worker. Every positive request's evidence was awaited above,
+	// so a rise now is the negatives'.
+	before, err := s.wit.Snapshot(ctx)
+	if err != nil {
+		return labkit.WithEvidence(labkit.FailErr(ctx, "EVIDENCE_READ_FAILED", err), out)
+	}
 	negRIDs, out, ok := labkit.SendNegatives(ctx, s.client, s.gatewayURL(), r.ID, labkit.Negatives(s.chat(), r.ID, s.spec.Model), out)
 	if !ok {
 		return out
 	}
-
-	all, err := s.allReceipts(ctx)
+	after, err := s.wit.Snapshot(ctx)
 	if err != nil {
-		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
-	}
-	var lines []string
-	for _, p := range positive {
-		ep := p.ex.Get("X-Llmgw-Endpoint")
-		h := labkit.Holders(all, p.rid)
-		switch {
-		case len(h) == 0:
-			out = out.With("receipts.json", labkit.MustJSON(all))
-			return labkit.WithEvidence(runbook.Fail("DELIVERY_NO_RECEIPT", "the gateway answered %s request %s from %s, but no worker's receipt log records it: read-back and a 2xx are not delivery proof", p.name, p.rid, ep), out)
-		case len(h) > 1 || h[0] != ep:
-			out = out.With("receipts.json", labkit.MustJSON(all))
-			return labkit.WithEvidence(runbook.Fail("DELIVERY_WRONG_WORKER", "%s request %s: the gateway names %s but receipts are on %v", p.name, p.rid, ep, h), out)
-		}
-		rec, _ := labkit.ReceiptFor(all[ep], p.rid)
-		if rec.Stream != p.stream {
-			return labkit.WithEvidence(runbook.Fail("DELIVERY_MODE", "%s request %s reached %s with stream=%v", p.name, p.rid, ep, rec.Stream), out)
-		}
-		out = out.With(p.name+"-receipt.json", labkit.MustJSON(rec))
-		lines = append(lines, fmt.Sprintf("%s→%s", p.name, ep))
+		return labkit.WithEvidence(labkit.FailErr(ctx, "EVIDENCE_READ_FAILED", err), out)
 	}
 	for _, rid := range negRIDs {
-		if h := labkit.Holders(all, rid); len(h) > 0 {
-			out = out.With("receipts.json", labkit.MustJSON(all))
-			return labkit.WithEvidence(runbook.Fail("NEGATIVE_LEFT_RECEIPT", "negative request %s was refused but left a receipt on %v", rid, h), out)
+		if h := s.wit.Servers(before, after, rid); len(h) > 0 {
+			return labkit.WithEvidence(runbook.Fail("NEGATIVE_LEFT_RECEIPT", "negative request %s was refused but the evidence (%s) shows work on %v", rid, s.wit.Source(), h), out)
 		}
 	}
+	checked, o, ok := s.checkDecisions(ctx, rts, out)
+	if !ok {
+		return o
+	}
+	out = o
 	out.Status = "PASS"
-	out.Reason = fmt.Sprintf("JSON and SSE delivered (%s), each correlated with exactly one worker receipt; unknown model (404) and malformed body (400) left no receipt", strings.Join(lines, ", "))
-	return out
+	out.Reason = fmt.Sprintf("JSON and SSE delivered (%s), each attributed to exactly one worker by %s; unknown model (404) and malformed body (400) reached no worker", strings.Join(lines, ", "), s.wit.Source())
+	if checked > 0 {
+		out.Reason += fmt.Sprintf("; the gateway's decision log agrees on %d/%d", checked, len(rts))
+	}
+	return out.From(runbook.LaneGatewayDelivery, s.evidenceSource(checked > 0))
+}
+
+// checkEcho: an engine that builds its answer id from X-Request-Id proves,
+// through the gateway, that the request id reached it unchanged.
+func (s *state) checkEcho(ex labkit.Exchange, rid string, stream bool, out runbook.Outcome) (runbook.Outcome, bool) {
+	echo, ok := s.adapter.(engines.RequestIDEcho)
+	if !ok {
+		return out, true
+	}
+	var c labkit.Completion
+	var err error
+	if stream {
+		c, err = labkit.ParseSSE(ex.Body)
+	} else {
+		c, err = labkit.ParseCompletion(ex.Body)
+	}
+	if want := echo.ResponseID(rid, s.chat()); err != nil || c.ID != want {
+		return labkit.WithEvidence(runbook.Fail("DELIVERY_REQUEST_ID_LOST", "request %s: the answer's id is %q, want %q (%s builds it from X-Request-Id)", rid, c.ID, want, s.adapter.Display()), out), false
+	}
+	return out, true
+}
+
+// checkDecisions cross-checks the gateway's decision log: a decision
+// recorded for a request must name the endpoint the worker-side evidence
+// showed. It returns how many requests had a decision.
+func (s *state) checkDecisions(ctx context.Context, rs []routed, out runbook.Outcome) (int, runbook.Outcome, bool) {
+	raw, err := s.admin.Decisions(ctx, s.ruleName)
+	if err != nil {
+		return 0, labkit.WithEvidence(labkit.FailErr(ctx, "DECISIONS_READ_FAILED", err), out), false
+	}
+	dec, err := labkit.ParseDecisions(raw)
+	if err != nil {
+		return 0, labkit.WithEvidence(labkit.FailErr(ctx, "DECISIONS_READ_FAILED", err), out.With("decisions.json", raw)), false
+	}
+	n := 0
+	for _, x := range rs {
+		ep, ok := dec[x.RID]
+		if !ok {
+			continue
+		}
+		n++
+		if ep != x.Receipt {
+			return n, labkit.WithEvidence(runbook.Fail("DECISION_MISMATCH", "request %s: the gateway's decision log names %s, the evidence shows %s", x.RID, ep, x.Receipt), out.With("decisions.json", raw)), false
+		}
+	}
+	return n, out, true
 }
 
 // ---- 7. routing evidence ---------------------------------------------------
@@ -94,47 +186,64 @@ type routed struct {
 	Endpoint string `json:"endpoint"`
 	Route    string `json:"route"`
 	Cached   int    `json:"engine_cached_tokens"`
-	// Receipt is the worker that recorded the request ("" = none).
+	Prompt   int    `json:"engine_prompt_tokens"`
+	// Receipt is the worker whose evidence source shows the request ("" =
+	// none; several joined by "+").
 	Receipt string `json:"receipt_on"`
 }
 
+// send sends one request through the gateway and attributes it to the
+// worker whose evidence source shows it.
 func (s *state) send(ctx context.Context, rid, prompt string) (routed, labkit.Exchange, error) {
-	ex, err := labkit.Do(ctx, s.client, http.MethodPost, s.gatewayURL(), labkit.RequestBody(s.chat(), s.spec.Model, prompt, rid, false), map[string]string{"X-Request-Id": rid})
-	rt := routed{RID: rid, Status: ex.Status, Endpoint: ex.Get("X-Llmgw-Endpoint"), Route: ex.Get("X-Llmgw-Route"), Cached: -1}
+	var ex labkit.Exchange
+	var rt routed
+	servers, err := s.wit.Observe(ctx, rid, s.o.ReadyTimeout, func() error {
+		var err error
+		ex, err = labkit.Do(ctx, s.client, http.MethodPost, s.gatewayURL(), labkit.RequestBody(s.chat(), s.spec.Model, prompt, rid, false), map[string]string{"X-Request-Id": rid})
+		rt = routed{RID: rid, Status: ex.Status, Endpoint: ex.Get("X-Llmgw-Endpoint"), Route: ex.Get("X-Llmgw-Route"), Cached: -1}
+		if err != nil {
+			return err
+		}
+		if ex.Status != http.StatusOK {
+			return fmt.Errorf("request %s answered %d: %.200s", rid, ex.Status, ex.Body)
+		}
+		return nil
+	})
 	if err != nil {
 		return rt, ex, err
 	}
-	if ex.Status != http.StatusOK {
-		return rt, ex, fmt.Errorf("request %s answered %d: %.200s", rid, ex.Status, ex.Body)
-	}
+	rt.Receipt = strings.Join(servers, "+")
 	if c, err := labkit.ParseCompletion(ex.Body); err == nil {
-		rt.Cached = c.CachedTokens
+		rt.Prompt = c.PromptTokens
+	}
+	if n, ok := s.cachedTokens([]byte(ex.Body)); ok {
+		rt.Cached = n
 	}
 	return rt, ex, nil
 }
 
-// attach fills each request's receipt holder and checks it agrees with the
-// gateway's header.
-func (s *state) attachReceipts(ctx context.Context, rs []routed) (map[string][]sim.Receipt, error) {
-	all, err := s.allReceipts(ctx)
-	if err != nil {
-		return nil, err
+// cacheReportFix names the launch flag that makes the engine report cached
+// tokens, when its adapter knows one.
+func (s *state) cacheReportFix() string {
+	if ev, ok := engines.EvidenceOf(s.adapter); ok && ev.Evidence().CacheReportFlag != "" {
+		return fmt.Sprintf(": start %s with %s", s.adapter.Display(), ev.Evidence().CacheReportFlag)
 	}
-	for i := range rs {
-		h := labkit.Holders(all, rs[i].RID)
-		if len(h) == 1 {
-			rs[i].Receipt = h[0]
-		} else if len(h) > 1 {
-			rs[i].Receipt = strings.Join(h, "+")
-		}
+	return ""
+}
+
+// cachedTokens reads the engine-reported cached tokens through the adapter.
+func (s *state) cachedTokens(body []byte) (int, bool) {
+	if ev, ok := engines.EvidenceOf(s.adapter); ok {
+		return ev.CachedTokens(body)
 	}
-	return all, nil
+	c, err := labkit.ParseCompletion(string(body))
+	return c.CachedTokens, err == nil && c.CachedTokens >= 0
 }
 
 func mismatch(rs []routed) string {
 	for _, x := range rs {
 		if x.Receipt != x.Endpoint {
-			return fmt.Sprintf("request %s: gateway names %q, receipt on %q", x.RID, x.Endpoint, x.Receipt)
+			return fmt.Sprintf("request %s: gateway names %q, evidence on %q", x.RID, x.Endpoint, x.Receipt)
 		}
 	}
 	return ""
@@ -153,6 +262,9 @@ func (s *state) routing(ctx context.Context, r *runbook.Run) runbook.Outcome {
 
 func (s *state) routeRR(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneRoutingEvidence)
+	if b, blocked := s.wit.Blocked(); blocked {
+		return b.For(runbook.LaneRoutingEvidence).From(runbook.LaneRoutingEvidence, "none")
+	}
 	if len(s.workers) < 2 {
 		return runbook.Skip("one worker: round robin has no choice to show")
 	}
@@ -164,12 +276,13 @@ func (s *state) routeRR(ctx context.Context, r *runbook.Run) runbook.Outcome {
 			return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 		}
 	}
-	if _, err := s.attachReceipts(ctx, rs); err != nil {
-		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
-	}
 	out = out.With("requests.json", labkit.MustJSON(rs))
 	if m := mismatch(rs); m != "" {
 		return labkit.WithEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
+	}
+	checked, out, ok := s.checkDecisions(ctx, rs, out)
+	if !ok {
+		return out
 	}
 	count := map[string]int{}
 	for _, x := range rs {
@@ -183,12 +296,15 @@ func (s *state) routeRR(ctx context.Context, r *runbook.Run) runbook.Outcome {
 			return labkit.WithEvidence(runbook.Fail("ROUTING_NOT_SPREAD", "round robin: worker %s received none of %d requests (receipts per worker: %v)", id, len(rs), count), out)
 		}
 	}
-	out.Status, out.Reason = "PASS", fmt.Sprintf("round robin spread %d requests over every worker (receipts per worker: %v)", len(rs), count)
-	return out
+	out.Status, out.Reason = "PASS", fmt.Sprintf("round robin spread %d requests over every worker (requests per worker, by %s: %v; decision log agrees on %d)", len(rs), s.wit.Source(), count, checked)
+	return out.From(runbook.LaneRoutingEvidence, s.evidenceSource(checked > 0))
 }
 
 func (s *state) routeCHWBL(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneRoutingEvidence)
+	if b, blocked := s.wit.Blocked(); blocked {
+		return b.For(runbook.LaneRoutingEvidence).From(runbook.LaneRoutingEvidence, "none")
+	}
 	if len(s.workers) < 2 {
 		return runbook.Skip("one worker: affinity has no choice to show")
 	}
@@ -201,12 +317,13 @@ func (s *state) routeCHWBL(ctx context.Context, r *runbook.Run) runbook.Outcome 
 			return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 		}
 	}
-	if _, err := s.attachReceipts(ctx, rs); err != nil {
-		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
-	}
 	out = out.With("requests.json", labkit.MustJSON(rs))
 	if m := mismatch(rs); m != "" {
 		return labkit.WithEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
+	}
+	checked, out, ok := s.checkDecisions(ctx, rs, out)
+	if !ok {
+		return out
 	}
 	home := rs[0].Receipt
 	for _, x := range rs {
@@ -220,12 +337,16 @@ func (s *state) routeCHWBL(ctx context.Context, r *runbook.Run) runbook.Outcome 
 		}
 	}
 	s.warmID = home
-	out.Status, out.Reason = "PASS", fmt.Sprintf("CHWBL: %d requests sharing a prefix all landed on %s (route %q)", len(rs), home, rs[len(rs)-1].Route)
-	return out
+	out.Status, out.Reason = "PASS", fmt.Sprintf("CHWBL: %d requests sharing a prefix all landed on %s (route %q; by %s, decision log agrees on %d)", len(rs), home, rs[len(rs)-1].Route, s.wit.Source(), checked)
+	return out.From(runbook.LaneRoutingEvidence, s.evidenceSource(checked > 0))
 }
 
 func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneRoutingEvidence, runbook.LaneCacheReuse, runbook.LaneHashParity)
+	if b, blocked := s.wit.Blocked(); blocked {
+		return b.For(runbook.LaneRoutingEvidence, runbook.LaneCacheReuse).From(runbook.LaneRoutingEvidence, "none").From(runbook.LaneCacheReuse, "none")
+	}
+	receipts := s.wit.Receipts()
 	prefix := s.longPrompt(r.ID, "kv-exact")
 	// Inventory before the warm request: a worker may already hold blocks
 	// from the direct requests (TensorRT-LLM queues events until drained),
@@ -245,14 +366,20 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 		return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 	}
 	w := warm.Endpoint
-	// The warm prompt's full blocks, from the engine's own receipt: the
-	// inventory must hold at least that many, and have grown, before a
-	// follow-up can be expected to hit (one event batch per request).
-	want := 1
-	if all, err := s.allReceipts(ctx); err == nil {
-		if rec, ok := labkit.ReceiptFor(all[w], warm.RID); ok && s.spec.BlockSize > 0 {
-			want = max(1, rec.PromptTokens/s.spec.BlockSize)
+	// The warm prompt's full blocks, from the engine's own count (its
+	// receipt, else its answer's usage.prompt_tokens): the inventory must
+	// hold at least that many, and have grown, before a follow-up can be
+	// expected to hit (one event batch per request).
+	want, prompt := 1, warm.Prompt
+	if receipts {
+		if all, err := s.allReceipts(ctx); err == nil {
+			if rec, ok := labkit.ReceiptFor(all[w], warm.RID); ok {
+				prompt = rec.PromptTokens
+			}
 		}
+	}
+	if s.spec.BlockSize > 0 {
+		want = max(1, prompt/s.spec.BlockSize)
 	}
 	// The gateway learns the warmed blocks from the engine's own events.
 	var blocks int
@@ -276,6 +403,22 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	if err != nil {
 		return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_NO_INVENTORY", fmt.Errorf("the warmed worker's KV events never reached the gateway: %s: %w", why, err)), out.With("requests.json", labkit.MustJSON(rs)))
 	}
+	// The engine's own prefix-cache hit counter on the warmed worker, when
+	// its adapter names one: it must rise over the follow-ups.
+	hitsURL, hitsName := "", s.adapter.Metrics().PrefixHits
+	var wk runbook.Worker
+	for _, x := range s.workers {
+		if x.ID == w {
+			wk = x
+		}
+	}
+	if p := s.adapter.Surfaces().Metrics; p != "" && hitsName != "" && wk.HTTP != "" {
+		hitsURL = "http://" + wk.HTTP + p
+	}
+	hits0, hitsErr := 0.0, fmt.Errorf("no prefix-hit counter")
+	if hitsURL != "" {
+		hits0, hitsErr = labkit.ReadCounter(ctx, s.client, hitsURL, hitsName)
+	}
 	for i := 1; i <= 3; i++ {
 		rt, _, err := s.send(ctx, fmt.Sprintf("%s-exact-follow-%d", r.ID, i), prefix+fmt.Sprintf(" Follow-up question %d?", i))
 		rs = append(rs, rt)
@@ -283,15 +426,27 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 			return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 		}
 	}
-	all, err := s.attachReceipts(ctx, rs)
-	if err != nil {
-		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
-	}
 	out = out.With("requests.json", labkit.MustJSON(rs))
 	if m := mismatch(rs); m != "" {
 		return labkit.WithEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
 	}
-	warmRec, _ := labkit.ReceiptFor(all[w], warm.RID)
+	checked, out, ok := s.checkDecisions(ctx, rs, out)
+	if !ok {
+		return out
+	}
+	// Cache reuse, as the engine reports it: its receipts (simulators) or
+	// the cached tokens in each answer (usage, llama.cpp timings).
+	cacheSrc := labkit.SourceUsage
+	warmCached := warm.Cached
+	var all map[string][]sim.Receipt
+	if receipts {
+		var err error
+		if all, err = s.allReceipts(ctx); err != nil {
+			return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		}
+		warmRec, _ := labkit.ReceiptFor(all[w], warm.RID)
+		warmCached, cacheSrc = warmRec.CachedTokens, labkit.SourceReceipts+"+"+labkit.SourceUsage
+	}
 	for _, x := range rs[1:] {
 		if x.Receipt != w {
 			return labkit.WithEvidence(runbook.Fail("ROUTING_NOT_ON_WARMED", "KV-exact: follow-up %s landed on %s (route %q), not on the warmed worker %s", x.RID, x.Receipt, x.Route, w), out)
@@ -299,10 +454,35 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 		if !strings.HasPrefix(x.Route, "kv-exact hit=") {
 			return labkit.WithEvidence(runbook.Fail("ROUTING_NO_KV_HIT", "KV-exact: follow-up %s routed by %q, want a kv-exact hit", x.RID, x.Route), out)
 		}
-		rec, _ := labkit.ReceiptFor(all[w], x.RID)
-		if rec.CachedTokens <= warmRec.CachedTokens || x.Cached <= warmRec.CachedTokens {
-			return labkit.WithEvidence(runbook.Fail("CACHE_NOT_REUSED", "KV-exact: follow-up %s: engine cached tokens %d (receipt) / %d (usage), warm request %d: no rise", x.RID, rec.CachedTokens, x.Cached, warmRec.CachedTokens), out)
+		if x.Cached < 0 {
+			return labkit.WithEvidence(runbook.Blocked("engine_cache_unreported", "KV-exact: follow-up %s: the %s answer reports no cached tokens, so cache reuse cannot be shown%s", x.RID, s.adapter.Display(), s.cacheReportFix()), out).
+				From(runbook.LaneRoutingEvidence, s.evidenceSource(checked > 0)).From(runbook.LaneCacheReuse, "none")
 		}
+		recCached := x.Cached
+		if receipts {
+			rec, _ := labkit.ReceiptFor(all[w], x.RID)
+			recCached = rec.CachedTokens
+		}
+		if recCached <= warmCached || x.Cached <= warmCached {
+			return labkit.WithEvidence(runbook.Fail("CACHE_NOT_REUSED", "KV-exact: follow-up %s: engine cached tokens %d (%s) / %d (usage), warm request %d: no rise", x.RID, recCached, cacheSrc, x.Cached, warmCached), out)
+		}
+	}
+	if hitsErr == nil {
+		// Counters may be updated a little after the answer: wait for the
+		// rise rather than read once.
+		var hits1 float64
+		_, werr := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
+			v, err := labkit.ReadCounter(ctx, s.client, hitsURL, hitsName)
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			hits1 = v
+			return v > hits0, fmt.Sprintf("%s %v → %v", hitsName, hits0, v), nil
+		})
+		if werr != nil {
+			return labkit.WithEvidence(runbook.Fail("CACHE_NOT_REUSED", "KV-exact: the warmed worker %s's %s did not rise over 3 same-prefix follow-ups (%v → %v)", w, hitsName, hits0, hits1), out)
+		}
+		cacheSrc += "+" + labkit.SourceMetrics + " " + hitsName
 	}
 	st, raw, err := s.admin.Rule(ctx, s.ruleName)
 	out = out.With("status-after.json", raw)
@@ -319,10 +499,10 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 		return labkit.WithEvidence(runbook.Fail("HASH_PARITY_BROKEN", "the gateway's cached-token prediction did not agree with the engine: %+v", p), out)
 	}
 	last := rs[len(rs)-1]
-	out.Status, out.Reason = "PASS", fmt.Sprintf("KV-exact: 3 same-prefix follow-ups landed on warmed %s (%s), engine cached tokens %d → %d; kv_ready, parity agreements %d",
-		w, last.Route, warmRec.CachedTokens, last.Cached, st.Status.KVParity.Agreements)
+	out.Status, out.Reason = "PASS", fmt.Sprintf("KV-exact: 3 same-prefix follow-ups landed on warmed %s (%s; by %s), engine cached tokens %d → %d (%s); kv_ready, parity agreements %d",
+		w, last.Route, s.wit.Source(), warmCached, last.Cached, cacheSrc, st.Status.KVParity.Agreements)
 	s.warmID = w
-	return out
+	return out.From(runbook.LaneRoutingEvidence, s.evidenceSource(checked > 0)).From(runbook.LaneCacheReuse, cacheSrc)
 }
 
 // ---- 8. drain --------------------------------------------------------------
@@ -336,9 +516,12 @@ func (s *state) drain(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	if target == "" {
 		target = s.workers[0].ID
 	}
-	before, err := s.allReceipts(ctx)
+	if b, blocked := s.wit.Blocked(); blocked {
+		return b
+	}
+	before, err := s.wit.Snapshot(ctx)
 	if err != nil {
-		return labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err)
+		return labkit.FailErr(ctx, "EVIDENCE_READ_FAILED", err)
 	}
 	raw, err := s.admin.SetDraining(ctx, s.ruleName, target, true)
 	out = out.With("drain-response.json", raw)
@@ -374,22 +557,22 @@ func (s *state) drain(ctx context.Context, r *runbook.Run) runbook.Outcome {
 			return labkit.WithEvidence(labkit.FailErr(ctx, "DRAIN_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 		}
 	}
-	after, err := s.attachReceipts(ctx, rs)
+	after, err := s.wit.Snapshot(ctx)
 	if err != nil {
-		return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
+		return labkit.WithEvidence(labkit.FailErr(ctx, "EVIDENCE_READ_FAILED", err), out)
 	}
 	out = out.With("requests.json", labkit.MustJSON(rs))
 	if m := mismatch(rs); m != "" {
 		return labkit.WithEvidence(runbook.Fail("ROUTING_RECEIPT_MISMATCH", "%s", m), out)
 	}
-	if n0, n1 := len(before[target]), len(after[target]); n1 != n0 {
-		return labkit.WithEvidence(runbook.Fail("DRAIN_LEAK", "drained worker %s received %d new request(s)", target, n1-n0), out)
+	if w0, w1 := before[target].Work, after[target].Work; w1 != w0 {
+		return labkit.WithEvidence(runbook.Fail("DRAIN_LEAK", "drained worker %s did new work after the drain (%s: %v → %v)", target, s.wit.ByWorker[target].Source(), w0, w1), out)
 	}
 	st, raw, err := s.admin.Rule(ctx, s.ruleName)
 	if err == nil {
 		out = out.With("status-after.json", raw)
 		_ = st
 	}
-	out.Status, out.Reason = "PASS", fmt.Sprintf("%s drained: in-flight 0, and %d requests (same prefix) went elsewhere with no new receipt on it", target, len(rs))
+	out.Status, out.Reason = "PASS", fmt.Sprintf("%s drained: in-flight 0, and %d requests (same prefix) went elsewhere with no new work on it (%s)", target, len(rs), s.wit.Source())
 	return out
 }

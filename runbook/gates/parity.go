@@ -385,7 +385,9 @@ func Outcome(ctx context.Context, t Target) runbook.Outcome {
 	if p != nil {
 		out = out.With("parity.json", mustJSON(p))
 	}
-	out = out.For(runbook.LaneHashParity)
+	// The published hashes are the worker's own KV events, as the gateway's
+	// inventory ingested them.
+	out = out.For(runbook.LaneHashParity).From(runbook.LaneHashParity, SourceKVEvents)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return merge(runbook.Fail(codeInterrupted, "interrupted: %v", err), out)
@@ -428,8 +430,13 @@ func timeoutOf(t Target) time.Duration {
 func merge(o, base runbook.Outcome) runbook.Outcome {
 	o.Evidence = append(slices.Clone(base.Evidence), o.Evidence...)
 	o.Lanes = base.Lanes
+	o.Sources = base.Sources
 	return o
 }
+
+// SourceKVEvents names the parity lane's evidence source: the engine's
+// KV events, read from the gateway's inventory.
+const SourceKVEvents = "engine_kv_events via gateway inventory"
 
 // Step returns the hash-parity step. resolve is called when the step runs
 // (after the rule is applied) and names the target; an error from it fails

@@ -15,6 +15,7 @@ var ErrNotCompletion = errors.New("labkit: not an OpenAI completion")
 // Completion is what the runbooks read from an OpenAI answer, JSON or an
 // SSE stream folded.
 type Completion struct {
+	ID     string // the answer's "id" (the first event's, for a stream)
 	Text   string // choices' text, message and delta contents, in order
 	Chunks int    // SSE data events before [DONE]; 0 for a JSON answer
 	Done   bool   // the SSE stream ended with data: [DONE]
@@ -25,6 +26,7 @@ type Completion struct {
 }
 
 type openaiBody struct {
+	ID      string `json:"id"`
 	Choices []struct {
 		Text    string `json:"text"`
 		Message *struct {
@@ -43,6 +45,9 @@ type openaiBody struct {
 }
 
 func (c *Completion) add(b openaiBody) {
+	if c.ID == "" {
+		c.ID = b.ID
+	}
 	for _, ch := range b.Choices {
 		c.Text += ch.Text
 		if ch.Message != nil {

@@ -117,6 +117,10 @@ func TestDiffJSON(t *testing.T) {
 		{name: "leaf differs", want: doc{X: inner{A: 1}}, got: doc{X: inner{A: 2}}, wantDiffs: []string{"x.a: applied 1, read back 2"}, wantCompared: 2},
 		{name: "extra field read back", want: doc{X: inner{A: 1}}, got: doc{X: inner{A: 1, B: "z"}}, wantDiffs: []string{"x.b: applied <nil>, read back z"}, wantCompared: 3},
 		{name: "list length", want: doc{L: []inner{{}}}, got: doc{}, wantDiffs: []string{"l: applied 1 items, read back <nil>"}, wantCompared: 1},
+		// Nothing on both sides proves nothing: never a match.
+		{name: "null equals null is a difference", want: nil, got: (*doc)(nil), wantDiffs: []string{"(root): applied and read back are both null: nothing to compare"}},
+		{name: "unencodable side", want: doc{}, got: map[string]any{"f": func() {}},
+			wantDiffs: []string{"(root): the read back value does not encode: json: unsupported type: func()"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

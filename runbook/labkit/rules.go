@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,14 +61,30 @@ func DataAddress(addr, adminBase string) string {
 
 // DiffJSON compares want and got leaf by leaf through their JSON form and
 // returns the differing paths ("a.b[2].c: applied X, read back Y"), in key
-// order, and the number of leaves compared. Values that do not encode
-// compare as null.
+// order, and the number of leaves compared. A side that does not encode is
+// a difference, never a match, and so is nothing on both sides (null equals
+// null proves nothing about a read-back).
 func DiffJSON(want, got any) (diffs []string, compared int) {
 	var a, b any
-	ja, _ := json.Marshal(want)
-	jb, _ := json.Marshal(got)
-	_ = json.Unmarshal(ja, &a)
-	_ = json.Unmarshal(jb, &b)
+	for _, side := range []struct {
+		name string
+		v    any
+		dst  *any
+	}{{"applied", want, &a}, {"read back", got, &b}} {
+		j, err := json.Marshal(side.v)
+		if err == nil {
+			err = json.Unmarshal(j, side.dst)
+		}
+		if err != nil {
+			diffs = append(diffs, fmt.Sprintf("(root): the %s value does not encode: %v", side.name, err))
+		}
+	}
+	if len(diffs) > 0 {
+		return diffs, 0
+	}
+	if a == nil && b == nil {
+		return []string{"(root): applied and read back are both null: nothing to compare"}, 0
+	}
 	var walk func(path string, x, y any)
 	walk = func(path string, x, y any) {
 		switch xv := x.(type) {
@@ -129,7 +146,10 @@ func StartGateway(ctx context.Context, r *runbook.Run, dirPattern string, cfg ga
 	if err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
-	_ = led.Update(func(st *runbook.LedgerState) { st.Dirs = append(st.Dirs, dir) })
+	if err := led.Update(func(st *runbook.LedgerState) { st.Dirs = append(st.Dirs, dir) }); err != nil {
+		// Unrecorded, `llmgw cleanup` could not find it: do not use it.
+		return nil, errors.Join(fmt.Errorf("labkit: record state dir in the ledger: %w", err), os.RemoveAll(dir))
+	}
 	cfg.Listen, cfg.Admin, cfg.StateDir = "127.0.0.1:0", "127.0.0.1:0", dir
 	gw, err := gateway.New(cfg)
 	if err == nil {
@@ -157,12 +177,22 @@ func StartGateway(ctx context.Context, r *runbook.Run, dirPattern string, cfg ga
 // on the run's embedded gateway) and registers the cleanup "delete rule
 // <name>": delete with drain, prove absence by reading back 404, then drop
 // the ledger entry. Call it before creating the rule so that a create that
-// half-succeeded is cleaned up too.
-func OwnRule(r *runbook.Run, admin *runbook.Admin, name string, embedded bool) {
+// half-succeeded is cleaned up too. tokenFile is the path of the admin
+// token file (recorded so that `llmgw cleanup` can authenticate; never the
+// token). An error means the ledger could not record the rule: the caller
+// must not create it, since nothing could clean it up after a crash.
+func OwnRule(r *runbook.Run, admin *runbook.Admin, name string, embedded bool, tokenFile string) error {
 	led := LedgerOf(r)
-	_ = led.Update(func(st *runbook.LedgerState) {
-		st.Rules = append(st.Rules, runbook.OwnedRule{Admin: admin.Base(), Name: name, Embedded: embedded})
-	})
+	if tokenFile != "" {
+		if abs, err := filepath.Abs(tokenFile); err == nil {
+			tokenFile = abs
+		}
+	}
+	if err := led.Update(func(st *runbook.LedgerState) {
+		st.Rules = append(st.Rules, runbook.OwnedRule{Admin: admin.Base(), Name: name, Embedded: embedded, TokenFile: tokenFile})
+	}); err != nil {
+		return fmt.Errorf("labkit: record rule %s in the ledger: %w", name, err)
+	}
 	r.Defer("delete rule "+name, func(ctx context.Context) error {
 		if _, err := admin.Delete(ctx, name, 5*time.Second); err != nil {
 			return err
@@ -174,6 +204,7 @@ func OwnRule(r *runbook.Run, admin *runbook.Admin, name string, embedded bool) {
 			st.Rules = slices.DeleteFunc(st.Rules, func(x runbook.OwnedRule) bool { return x.Name == name && x.Admin == admin.Base() })
 		})
 	})
+	return nil
 }
 
 // CreateRule posts the rule body to admin. The returned outcome carries
@@ -220,8 +251,10 @@ func errMessage(body []byte) string {
 type ApplyOptions struct {
 	// AdminURL is an external gateway's admin base URL; "" starts an
 	// embedded gateway (StartGateway with DirPattern and Logger).
-	AdminURL   string
-	Token      string // the admin bearer token; "" for none
+	AdminURL string
+	Token    string // the admin bearer token; "" for none
+	// TokenFile is the file Token was read from, recorded in the ledger.
+	TokenFile  string
 	DirPattern string
 	Logger     *slog.Logger
 	Client     *http.Client // the run's client (NewClient)
@@ -268,7 +301,9 @@ func Apply(ctx context.Context, r *runbook.Run, o ApplyOptions) (a Applied, out 
 		o.Hook(a.Rule)
 	}
 	body := MustJSON(a.Rule)
-	OwnRule(r, admin, o.Name, o.MarkEmbedded && a.Gateway != nil)
+	if err := OwnRule(r, admin, o.Name, o.MarkEmbedded && a.Gateway != nil, o.TokenFile); err != nil {
+		return a, runbook.Fail("LEDGER_WRITE_FAILED", "%v", err), false
+	}
 	out, ok = CreateRule(ctx, admin, o.Name, body)
 	return a, out, ok
 }

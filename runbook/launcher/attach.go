@@ -22,6 +22,10 @@ type Attach struct {
 	// Simulator says the attached workers are llmgw simulators; results
 	// then carry the simulated-workers note.
 	Simulator bool
+	// Events, when set, are the workers' KV event PUB endpoints
+	// (tcp://host:port), one per endpoint in the same order: a real
+	// engine, or a simulator without its /_sim/addrs, does not report them.
+	Events []string
 }
 
 // ParseEndpoints splits and validates a comma-separated host:port list.
@@ -58,10 +62,17 @@ func (a *Attach) Launch(ctx context.Context, spec runbook.LaunchSpec) ([]runbook
 	if spec.Workers != len(a.Endpoints) {
 		return nil, fmt.Errorf("launcher: attach: %d workers asked for but %d endpoints given", spec.Workers, len(a.Endpoints))
 	}
+	if len(a.Events) > 0 && len(a.Events) != len(a.Endpoints) {
+		return nil, fmt.Errorf("launcher: attach: %d KV event endpoints given for %d endpoints", len(a.Events), len(a.Endpoints))
+	}
 	out := make([]runbook.Worker, len(a.Endpoints))
 	for i, ep := range a.Endpoints {
 		out[i] = runbook.Worker{ID: fmt.Sprintf("w%d", i+1), HTTP: ep, HealthPath: healthPath(spec), Owner: "attach"}
-		if sa, ok := simAddrs(ctx, ep); ok && spec.KVEvents {
+		switch sa, ok := simAddrs(ctx, ep); {
+		case !spec.KVEvents:
+		case len(a.Events) > 0:
+			out[i].Events = a.Events[i]
+		case ok:
 			out[i].Events, out[i].Replay = sa.Events, sa.Replay
 		}
 	}

@@ -27,6 +27,9 @@ type CleanupOptions struct {
 	// All cleans every ledger and also every container and network
 	// labelled llmgw.owner=llmgw (left by a run whose ledger was lost).
 	All bool
+	// AdminTokenFile is a file holding the admin bearer token for rules
+	// whose ledger entry names no token file of its own ("" = none).
+	AdminTokenFile string
 	// DockerEndpoint is the daemon address ("" = default). Docker is only
 	// contacted when there is something docker-owned to remove.
 	DockerEndpoint string
@@ -45,6 +48,12 @@ type CleanupReport struct {
 	// Kept lists ledgers that still own something (an error prevented its
 	// removal); their files stay for the next attempt.
 	Kept []string
+	// Unreadable lists ledger files that could not be read (the others
+	// were cleaned all the same).
+	Unreadable []string
+	// LeftAlone lists processes recorded without a start time, or whose
+	// PID now runs another process: never signalled.
+	LeftAlone []int
 }
 
 // Nothing reports whether Cleanup found nothing to remove.
@@ -66,6 +75,7 @@ func Cleanup(ctx context.Context, o CleanupOptions) (CleanupReport, error) {
 	}
 	var rep CleanupReport
 	var ledgers []*runbook.Ledger
+	var ledgerErr error
 	switch {
 	case o.RunID != "":
 		l, err := runbook.LoadLedger(o.Out, o.RunID)
@@ -80,7 +90,10 @@ func Cleanup(ctx context.Context, o CleanupOptions) (CleanupReport, error) {
 	case o.All:
 		ls, err := runbook.Ledgers(o.Out)
 		if err != nil {
-			return rep, err
+			// Reported, and the readable ledgers are still cleaned.
+			rep.Unreadable = append(rep.Unreadable, err.Error())
+			logf("unreadable ledger: %v", err)
+			ledgerErr = err
 		}
 		ledgers = ls
 	default:
@@ -106,13 +119,13 @@ func Cleanup(ctx context.Context, o CleanupOptions) (CleanupReport, error) {
 		return pool, poolErr
 	}
 
-	var errs []error
+	errs := []error{ledgerErr}
 	for _, l := range ledgers {
 		st := l.State()
 		rep.Runs = append(rep.Runs, st.RunID)
 		// 1. Rules first, drained: traffic leaves the workers before they go.
 		for _, r := range st.Rules {
-			if err := deleteRule(ctx, r); err != nil {
+			if err := deleteRule(ctx, r, o.AdminTokenFile); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -155,16 +168,28 @@ func Cleanup(ctx context.Context, o CleanupOptions) (CleanupReport, error) {
 				}
 			}
 		}
-		// 3. Child processes this run started (only if they are still ours).
-		for _, pid := range st.PIDs {
-			if ownedProcess(pid) {
-				if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-					errs = append(errs, fmt.Errorf("launcher: cleanup: process %d: %w", pid, err))
+		// 3. Child processes this run started: signalled only when the PID
+		// still runs the very process recorded (same start time). A PID
+		// recorded without a start time cannot be proved ours: left alone.
+		for _, p := range st.Processes {
+			if runbook.SameProcess(p) {
+				if err := syscall.Kill(p.PID, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+					errs = append(errs, fmt.Errorf("launcher: cleanup: process %d: %w", p.PID, err))
 					continue
 				}
-				rep.Processes = append(rep.Processes, pid)
-				logf("stopped process %d (run %s)", pid, st.RunID)
+				rep.Processes = append(rep.Processes, p.PID)
+				logf("stopped process %d (run %s)", p.PID, st.RunID)
+			} else {
+				rep.LeftAlone = append(rep.LeftAlone, p.PID)
+				logf("process %d (run %s) is gone or the PID now runs another process: left alone", p.PID, st.RunID)
 			}
+			errs = append(errs, l.Update(func(s *runbook.LedgerState) {
+				s.Processes = slices.DeleteFunc(s.Processes, func(x runbook.OwnedProcess) bool { return x == p })
+			}))
+		}
+		for _, pid := range st.PIDs {
+			rep.LeftAlone = append(rep.LeftAlone, pid)
+			logf("process %d (run %s) was recorded without its start time: not provably ours, left alone", pid, st.RunID)
 			errs = append(errs, l.Update(func(s *runbook.LedgerState) {
 				s.PIDs = slices.DeleteFunc(s.PIDs, func(x int) bool { return x == pid })
 			}))
@@ -218,11 +243,25 @@ func Cleanup(ctx context.Context, o CleanupOptions) (CleanupReport, error) {
 	return rep, errors.Join(errs...)
 }
 
-// deleteRule deletes an owned rule with a short drain. An embedded
-// gateway's rule died with its process when its admin API no longer
-// answers (its state directory is removed with the ledger's Dirs).
-func deleteRule(ctx context.Context, r runbook.OwnedRule) error {
-	a, err := runbook.NewAdmin(r.Admin, "", &http.Client{Timeout: 30 * time.Second})
+// deleteRule deletes an owned rule with a short drain, authenticated with
+// the token file the ledger names (else tokenFile). An embedded gateway's
+// rule died with its process when its admin API no longer answers (its
+// state directory is removed with the ledger's Dirs).
+func deleteRule(ctx context.Context, r runbook.OwnedRule, tokenFile string) error {
+	if r.TokenFile != "" {
+		tokenFile = r.TokenFile
+	}
+	token := ""
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return fmt.Errorf("launcher: cleanup: rule %s on %s: admin token file: %w", r.Name, r.Admin, err)
+		}
+		if token = strings.TrimSpace(string(b)); token == "" {
+			return fmt.Errorf("launcher: cleanup: rule %s on %s: admin token file %s is empty", r.Name, r.Admin, tokenFile)
+		}
+	}
+	a, err := runbook.NewAdmin(r.Admin, token, &http.Client{Timeout: 30 * time.Second})
 	if err != nil {
 		return err
 	}
@@ -269,15 +308,4 @@ func union(a, b []string) []string {
 		}
 	}
 	return out
-}
-
-// ownedProcess reports whether pid still runs an llmgw simulator (a
-// recycled pid running something else is not ours).
-func ownedProcess(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return false
-	}
-	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-	return len(args) > 1 && strings.Contains(args[0], "llmgw") && args[1] == "sim"
 }

@@ -137,6 +137,10 @@ type Attach struct {
 	// BootstrapPort is the SGLang prefills' bootstrap port when they do not
 	// say; 0 means SGLang's default 8998.
 	BootstrapPort int
+	// BootstrapPorts, when set, are the prefills' bootstrap ports one per
+	// Prefill endpoint, in order (each SGLang prefill may be started with
+	// its own --disaggregation-bootstrap-port); they win over BootstrapPort.
+	BootstrapPorts []int
 	// Simulator says the workers are llmgw simulators.
 	Simulator bool
 }
@@ -161,6 +165,9 @@ func (a *Attach) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill,
 	if bp == 0 {
 		bp = defaultBoot
 	}
+	if len(a.BootstrapPorts) > 0 && len(a.BootstrapPorts) != len(a.Prefill) {
+		return nil, fmt.Errorf("pd: attach: %d bootstrap ports given for %d prefill endpoints", len(a.BootstrapPorts), len(a.Prefill))
+	}
 	var out []Worker
 	for _, g := range []struct {
 		role, prefix string
@@ -176,7 +183,11 @@ func (a *Attach) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill,
 				if isSim && sa.Bootstrap != "" {
 					w.Bootstrap = sa.Bootstrap
 				} else if host, _, err := net.SplitHostPort(ep); err == nil {
-					w.Bootstrap = net.JoinHostPort(host, strconv.Itoa(bp))
+					port := bp
+					if len(a.BootstrapPorts) > 0 {
+						port = a.BootstrapPorts[i]
+					}
+					w.Bootstrap = net.JoinHostPort(host, strconv.Itoa(port))
 				}
 			}
 			out = append(out, w)

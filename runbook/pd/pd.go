@@ -9,8 +9,17 @@
 //     tuple ends here with its reason code, nothing launched
 //  2. launch workers    prefill p1..pN and decode d1..dM (SGLang prefills
 //     with their bootstrap servers); health and /v1/models wait
-//  3. prove direct inference  every worker answers a nonce request without
-//     the gateway, with its own receipt (direct-worker lane)
+//  3. prove direct inference  every worker answers without the gateway, as
+//     its role needs: each prefill is driven with a decode in the engine's
+//     own P/D shape through its adapter (vLLM hand-off then decode, SGLang
+//     both legs at once with a bootstrap triple, TensorRT-LLM context then
+//     generation); a simulator's receipt must record each leg
+//     (direct-worker lane). Each worker's evidence source is chosen here:
+//     its receipt log, else the engine-native counters its adapter names;
+//     without a receipt log steps 6 and 9 attribute each leg to the worker
+//     whose engine counter shows it, step 7 (which reads the legs' bodies)
+//     is SKIPPED with the reason, and KV-exact cache reuse is BLOCKED
+//     engine_cache_unreported
 //  4. apply rule        pd_disagg_mode, ep_role 1/2, each SGLang prefill's
 //     bootstrapPort, kvExactMode 1 with the prefills' event streams
 //  5. read back         the effective rule equals the applied one; every
@@ -104,6 +113,9 @@ type Options struct {
 	// embedded gateway on loopback ports.
 	GatewayAdmin string
 	GatewayToken string
+	// GatewayTokenFile is the file GatewayToken was read from; its path
+	// (never the token) goes into the ownership ledger for `llmgw cleanup`.
+	GatewayTokenFile string
 	// HealthTimeout bounds the wait for healthy workers; 0 means 60 s.
 	HealthTimeout time.Duration
 	// ReadyTimeout bounds waits for gateway-side conditions; 0 means 20 s.
@@ -113,6 +125,9 @@ type Options struct {
 	// StepHook is called before each step runs (tests cancel the context
 	// from it, as Ctrl-C would).
 	StepHook func(step string)
+	// AcceptVersionMismatch lets a run go on when real workers report an
+	// engine version other than the catalog tuple's (recorded on the row).
+	AcceptVersionMismatch bool
 	// Logger receives the embedded gateway's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -239,6 +254,11 @@ type state struct {
 
 	// delivered are the request ids of the deliver step, by kind.
 	delivered map[string]string
+
+	// adapter is the engine's contract; wit the workers' evidence sources
+	// (chosen in the direct step; see evidence.go).
+	adapter engines.Adapter
+	wit     *labkit.Witnesses
 }
 
 func (s *state) byRole(role string) []Worker {

@@ -80,8 +80,13 @@ func (s *state) launch(ctx context.Context, r *runbook.Run) runbook.Outcome {
 		}
 	}
 	out = out.With("health.json", labkit.MustJSON(report))
-	return labkit.WithEvidence(runbook.Pass("%d prefill (%s) and %d decode (%s) workers healthy and serving %s", o.Prefill, strings.Join(s.ids(RolePrefill), ","),
-		o.Decode, strings.Join(s.ids(RoleDecode), ","), s.spec.Model), out)
+	vc, fail, ok := s.versions(ctx, r)
+	if !ok {
+		return labkit.WithEvidence(fail, out)
+	}
+	out = out.With("versions.json", labkit.MustJSON(vc))
+	return labkit.WithEvidence(runbook.Pass("%d prefill (%s) and %d decode (%s) workers healthy and serving %s; %s", o.Prefill, strings.Join(s.ids(RolePrefill), ","),
+		o.Decode, strings.Join(s.ids(RoleDecode), ","), s.spec.Model, vc.Note()), out)
 }
 
 func (s *state) stopWorkers(ctx context.Context) error {
@@ -127,33 +132,10 @@ func (s *state) holders(all map[string][]sim.Receipt, role, rid string) []string
 
 // ---- 3. prove direct inference ---------------------------------------------
 
+// direct is role-aware and chooses each worker's evidence source
+// (evidence.go).
 func (s *state) direct(ctx context.Context, r *runbook.Run) runbook.Outcome {
-	out := runbook.Outcome{}.For(runbook.LaneDirectWorker)
-	for _, w := range s.workers {
-		nonce := r.ID + "-direct-" + w.ID
-		ex, err := labkit.Do(ctx, s.client, http.MethodPost, "http://"+w.HTTP+labkit.CompletionPath(s.chat()),
-			labkit.RequestBody(s.chat(), s.spec.Model, "Direct check of "+w.Role+" worker "+w.ID+" in run "+r.ID+".", nonce, false), map[string]string{"X-Request-Id": nonce})
-		out = out.With(w.ID+"-exchange.json", ex.JSON())
-		if err != nil {
-			return labkit.WithEvidence(labkit.FailErr(ctx, "DIRECT_REQUEST_FAILED", fmt.Errorf("worker %s: %w", w.ID, err)), out)
-		}
-		if ex.Status != http.StatusOK {
-			return labkit.WithEvidence(runbook.Fail("DIRECT_REQUEST_FAILED", "%s worker %s answered %d: %.200s", w.Role, w.ID, ex.Status, ex.Body), out)
-		}
-		if c, err := labkit.ParseCompletion(ex.Body); err != nil || c.Text == "" {
-			return labkit.WithEvidence(runbook.Fail("DIRECT_BAD_COMPLETION", "worker %s: no generated text (%v)", w.ID, err), out)
-		}
-		recs, err := labkit.Receipts(ctx, s.client, w.Worker)
-		if err != nil {
-			return labkit.WithEvidence(labkit.FailErr(ctx, "NO_RECEIPT_SOURCE", err), out)
-		}
-		rec, ok := labkit.ReceiptFor(recs, nonce)
-		if !ok || rec.Nonce != nonce || rec.Status != http.StatusOK || rec.Role != w.Role {
-			return labkit.WithEvidence(runbook.Fail("DIRECT_NO_RECEIPT", "worker %s answered but has no 200 receipt for %s in role %s (found %v: %+v)", w.ID, nonce, w.Role, ok, rec), out)
-		}
-		out = out.With(w.ID+"-receipt.json", labkit.MustJSON(rec))
-	}
-	return labkit.WithEvidence(runbook.Pass("%d/%d workers answered a nonce request directly, each with its own receipt in its role", len(s.workers), len(s.workers)), out)
+	return s.directRoleAware(ctx, r)
 }
 
 // ---- 4. apply rule ---------------------------------------------------------
@@ -196,7 +178,7 @@ func (s *state) apply(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
 	s.ruleName = "pd-" + labkit.ShortID(r.ID)
 	a, out, ok := labkit.Apply(ctx, r, labkit.ApplyOptions{
-		AdminURL: o.GatewayAdmin, Token: o.GatewayToken, DirPattern: "llmgw-runbook-pd-gw-", Logger: o.Logger, Client: s.client,
+		AdminURL: o.GatewayAdmin, Token: o.GatewayToken, TokenFile: o.GatewayTokenFile, DirPattern: "llmgw-runbook-pd-gw-", Logger: o.Logger, Client: s.client,
 		Name: s.ruleName, Build: s.buildRule, Hook: o.RuleHook, MarkEmbedded: true,
 	})
 	s.gw, s.admin, s.applied = a.Gateway, a.Admin, a.Rule
@@ -258,6 +240,9 @@ func (s *state) ready(st *gateway.RuleStatus) (bool, string) {
 func (s *state) gatewayURL() string { return "http://" + s.dataAddr + labkit.CompletionPath(s.chat()) }
 
 func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
+	if !s.wit.Receipts() {
+		return s.deliverWitnessed(ctx, r)
+	}
 	out := runbook.Outcome{}.For(runbook.LaneGatewayDelivery)
 	s.delivered = map[string]string{}
 	type sent struct {
@@ -307,7 +292,8 @@ func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
 			return labkit.WithEvidence(runbook.Fail("NEGATIVE_LEFT_RECEIPT", "negative request %s was refused but left a receipt on %v", rid, h), out)
 		}
 	}
-	return labkit.WithEvidence(runbook.Pass("JSON and SSE delivered by a decode endpoint (%s), each with exactly one prefill and one decode receipt; unknown model (404) and malformed body (400) left no receipt", strings.Join(lines, ", ")), out)
+	return labkit.WithEvidence(runbook.Pass("JSON and SSE delivered by a decode endpoint (%s), each with exactly one prefill and one decode receipt; unknown model (404) and malformed body (400) left no receipt", strings.Join(lines, ", ")), out).
+		From(runbook.LaneGatewayDelivery, labkit.SourceReceipts)
 }
 
 // ---- 7. hand-off evidence --------------------------------------------------
@@ -398,7 +384,10 @@ func sameJSON(a, b json.RawMessage) bool {
 	return len(diffs) == 0
 }
 
-func (s *state) handOff(ctx context.Context, _ *runbook.Run) runbook.Outcome {
+func (s *state) handOff(ctx context.Context, r *runbook.Run) runbook.Outcome {
+	if !s.wit.Receipts() {
+		return s.handOffWitnessed(ctx, r)
+	}
 	out := runbook.Outcome{}.For(runbook.LaneRoutingEvidence)
 	all, err := s.allReceipts(ctx)
 	if err != nil {
@@ -432,7 +421,8 @@ func (s *state) handOff(ctx context.Context, _ *runbook.Run) runbook.Outcome {
 		return labkit.WithEvidence(runbook.Fail("PD_HANDOFF_BROKEN", "%d of %d hand-off checks failed: %s", len(failed), n, strings.Join(failed, "; ")), out)
 	}
 	what := engines.MustFor(engines.Kind(s.o.Engine)).PD().Summary()
-	return labkit.WithEvidence(runbook.Pass("%d hand-off checks hold on the JSON and SSE requests: one request id on both legs; %s", n, what), out)
+	return labkit.WithEvidence(runbook.Pass("%d hand-off checks hold on the JSON and SSE requests: one request id on both legs; %s", n, what), out).
+		From(runbook.LaneRoutingEvidence, labkit.SourceReceipts)
 }
 
 // ---- 9. routing evidence ---------------------------------------------------
@@ -485,6 +475,9 @@ func (s *state) attach(ctx context.Context, rs []routed) error {
 }
 
 func (s *state) routing(ctx context.Context, r *runbook.Run) runbook.Outcome {
+	if !s.wit.Receipts() {
+		return s.routingWitnessed(ctx, r)
+	}
 	if s.o.KVExact {
 		return s.routeExact(ctx, r)
 	}
@@ -506,7 +499,8 @@ func (s *state) routing(ctx context.Context, r *runbook.Run) runbook.Outcome {
 			return labkit.WithEvidence(runbook.Fail("PD_SPLIT_NOT_PROVEN", "request %s: the route %q names prefill %q, the prefill receipt is on %q", x.RID, x.Route, x.Named, x.Prefill), out)
 		}
 	}
-	return labkit.WithEvidence(runbook.Pass("%d requests: the prefill the gateway names in X-Llmgw-Route is the one whose receipt holds the request, every time", len(rs)), out)
+	return labkit.WithEvidence(runbook.Pass("%d requests: the prefill the gateway names in X-Llmgw-Route is the one whose receipt holds the request, every time", len(rs)), out).
+		From(runbook.LaneRoutingEvidence, labkit.SourceReceipts)
 }
 
 func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome {
@@ -573,5 +567,6 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 		out = out.With("decisions.json", dec)
 	}
 	last := rs[len(rs)-1]
-	return labkit.WithEvidence(runbook.Pass("kvExactMode 1: 3 same-prefix follow-ups picked the warmed prefill %s by a kv-exact hit (%s); its cached tokens %d → %d", w, last.Route, rs[0].Cached, last.Cached), out)
+	return labkit.WithEvidence(runbook.Pass("kvExactMode 1: 3 same-prefix follow-ups picked the warmed prefill %s by a kv-exact hit (%s); its cached tokens %d → %d", w, last.Route, rs[0].Cached, last.Cached), out).
+		From(runbook.LaneRoutingEvidence, labkit.SourceReceipts).From(runbook.LaneCacheReuse, labkit.SourceReceipts)
 }

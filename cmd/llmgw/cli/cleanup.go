@@ -17,6 +17,7 @@ type CleanupOptions struct {
 	All            bool
 	Out            string
 	DockerEndpoint string
+	AdminTokenFile string
 }
 
 func newCleanupCmd(io *IOStreams, runF func(*cobra.Command, *CleanupOptions) error) *cobra.Command {
@@ -33,8 +34,15 @@ itself; this is for runs that were killed or whose cleanup failed.
 With --all, every ledger is processed, and containers and networks labelled
 llmgw.owner=llmgw are removed too. Nothing without a ledger entry or an
 llmgw label is ever touched. Running it twice is safe: the second run finds
-nothing.`,
+nothing.
+
+A rule on a token-protected gateway is deleted with the token file its
+ledger names (the runbook's --gateway-token-file; the token itself is never
+written), else with --admin-token-file. A process is signalled only if its
+PID still runs the very process that was started (same start time); an
+unreadable ledger is reported and the others are still cleaned.`,
 		Example: `  llmgw cleanup --run 20261130T004608Z-vllm-qwen3-0.6b-exact-df6dd0
+  llmgw cleanup --run 20261130T004608Z-vllm-qwen3-0.6b-rr-df6dd0 --admin-token-file ./admin.token
   llmgw cleanup --all --out /tmp/lab-results`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -48,6 +56,7 @@ nothing.`,
 	f.StringVar(&opts.Run, "run", "", "clean up this run (see 'llmgw results list')")
 	f.BoolVar(&opts.All, "all", false, "clean up every run and every llmgw-labelled container and network")
 	f.StringVar(&opts.Out, "out", defaultResultsDir(), "results directory holding the ownership ledgers (LLMGW_OUT; default $XDG_DATA_HOME/llmgw/results or ~/.local/share/llmgw/results)")
+	f.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the gateway admin bearer token, for rules whose ledger names no token file")
 	f.StringVar(&opts.DockerEndpoint, "docker-host", "", "docker daemon address (default: DOCKER_HOST or the local socket)")
 	return cmd
 }
@@ -62,14 +71,24 @@ func cleanupRun(cmd *cobra.Command, o *CleanupOptions) error {
 		return usageErrorf("--run %q is not a run ID (see 'llmgw results list')", o.Run)
 	}
 	rep, err := launcher.Cleanup(cmd.Context(), launcher.CleanupOptions{
-		Out: o.Out, RunID: o.Run, All: o.All, DockerEndpoint: o.DockerEndpoint,
+		Out: o.Out, RunID: o.Run, All: o.All, DockerEndpoint: o.DockerEndpoint, AdminTokenFile: o.AdminTokenFile,
 		Logf: func(format string, a ...any) { fmt.Fprintf(o.IO.ErrOut, format+"\n", a...) },
 	})
-	if rep.Nothing() {
+	switch {
+	case rep.Nothing() && err == nil:
 		fmt.Fprintln(o.IO.Out, "nothing to clean up")
-	} else {
+	case rep.Nothing():
+		// Something is owned but could not be removed: never "nothing".
+		fmt.Fprintln(o.IO.Out, "removed nothing")
+	default:
 		fmt.Fprintf(o.IO.Out, "removed: %d rules, %d containers, %d networks, %d processes, %d directories\n",
 			len(rep.Rules), len(rep.Containers), len(rep.Networks), len(rep.Processes), len(rep.Dirs))
+	}
+	if len(rep.Unreadable) > 0 {
+		fmt.Fprintf(o.IO.ErrOut, "unreadable ledgers (left in place): %s\n", strings.Join(rep.Unreadable, "; "))
+	}
+	if len(rep.LeftAlone) > 0 {
+		fmt.Fprintf(o.IO.ErrOut, "processes not provably ours, left alone: %v\n", rep.LeftAlone)
 	}
 	if len(rep.Kept) > 0 {
 		fmt.Fprintf(o.IO.ErrOut, "still owned (retry later): %s\n", strings.Join(rep.Kept, ", "))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -273,7 +274,7 @@ func applyPlanPD(cmd *cobra.Command, o *RunbookPDOptions, path string) error {
 		o.Profile = p.Profile
 	}
 	if !f.Changed("bootstrap-port") && p.BootstrapPort > 0 {
-		o.BootstrapPort = p.BootstrapPort
+		o.BootstrapPort = strconv.Itoa(p.BootstrapPort)
 	}
 	return nil
 }

@@ -20,21 +20,22 @@ import (
 
 // QualifyOptions are the inputs of `llmgw qualify`.
 type QualifyOptions struct {
-	IO               *IOStreams
-	Engine           string
-	Profiles         []string
-	Modes            []string
-	Topologies       []string
-	Launcher         string
-	Endpoints        string
-	PrefillEndpoints string
-	DecodeEndpoints  string
-	ImageOverrides   []string
-	Workers          int
-	Out              string
-	AllowBlocked     bool
-	HealthTimeout    time.Duration
-	LogLevel         string
+	IO                    *IOStreams
+	Engine                string
+	Profiles              []string
+	Modes                 []string
+	AcceptVersionMismatch bool
+	Topologies            []string
+	Launcher              string
+	Endpoints             string
+	PrefillEndpoints      string
+	DecodeEndpoints       string
+	ImageOverrides        []string
+	Workers               int
+	Out                   string
+	AllowBlocked          bool
+	HealthTimeout         time.Duration
+	LogLevel              string
 }
 
 func newQualifyCmd(io *IOStreams, runF func(*cobra.Command, *QualifyOptions) error) *cobra.Command {
@@ -72,9 +73,10 @@ recorded are kept and exported), 2 bad flags (nothing started).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.Engine, "engine", "all", "engine: vllm, sglang, trtllm or all")
+	f.StringVar(&opts.Engine, "engine", "all", "engine: vllm, sglang, trtllm, llamacpp or all (llamacpp: converged rr and chwbl, it has no KV events or P/D)")
 	f.StringSliceVar(&opts.Profiles, "profiles", nil, "catalog profile IDs, comma separated (default: every profile)")
-	f.StringSliceVar(&opts.Modes, "modes", []string{"rr", "exact"}, "routing modes: rr, exact")
+	f.BoolVar(&opts.AcceptVersionMismatch, "accept-version-mismatch", false, "qualify real workers that report an engine version other than the catalog tuple's (the mismatch stays on the row)")
+	f.StringSliceVar(&opts.Modes, "modes", nil, "routing modes: rr, chwbl, exact (default: rr,exact for engines with KV events; rr,chwbl for llamacpp)")
 	f.StringSliceVar(&opts.Topologies, "topology", []string{"converged"}, "topologies: converged, pd")
 	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
 	f.StringVar(&opts.Endpoints, "endpoints", "", "attach, converged: running workers as host:port,...")
@@ -98,7 +100,8 @@ func qualifyOptions(o *QualifyOptions) (*qualify.Options, []qualify.Case, error)
 	}
 	qo := &qualify.Options{
 		Engines: []string{o.Engine}, Profiles: o.Profiles, Modes: o.Modes, Topologies: o.Topologies, Launcher: o.Launcher,
-		Workers: o.Workers, HealthTimeout: o.HealthTimeout,
+		AcceptVersionMismatch: o.AcceptVersionMismatch,
+		Workers:               o.Workers, HealthTimeout: o.HealthTimeout,
 		Logger: slog.New(slog.NewTextHandler(o.IO.ErrOut, &slog.HandlerOptions{Level: level})),
 	}
 	for _, l := range []struct {
@@ -151,13 +154,13 @@ func qualifyRun(cmd *cobra.Command, o *QualifyOptions) error {
 	// The rows recorded so far are shown and exported even after Ctrl-C.
 	fmt.Fprintln(o.IO.Out)
 	err = errors.Join(runErr, results.WriteTable(o.IO.Out, rep.Rows))
-	fmt.Fprintf(o.IO.Out, "launcher: %s; %d of %d cases ran in %s\n", qo.Launcher, len(rep.Rows), rep.Planned, rep.Wall.Round(100*time.Millisecond))
+	fmt.Fprintf(o.IO.Out, "launcher: %s; %d of %d cases ran in %s\n", qo.Launcher, rep.Ran, rep.Planned, rep.Wall.Round(100*time.Millisecond))
 	paths, xerr := qualify.Export(o.Out, "qualify-"+started.Format("20060102T150405Z"), rep.Rows)
 	err = errors.Join(err, xerr)
 	for _, p := range paths {
 		fmt.Fprintf(o.IO.ErrOut, "exported %s\n", p)
 	}
-	if err != nil && len(rep.Rows) == 0 {
+	if err != nil && rep.Ran == 0 && !rep.Interrupted {
 		return err
 	}
 	if err != nil {
@@ -173,7 +176,7 @@ func qualifyExit(ctx context.Context, rep qualify.Report, allowBlocked bool) err
 	c := rep.Counts()
 	switch {
 	case rep.Interrupted || ctx.Err() != nil:
-		return &ExitCodeError{Code: ExitCancelled, Err: fmt.Errorf("qualify interrupted after %d of %d cases; the case in flight was cleaned up, %d rows kept", len(rep.Rows), rep.Planned, len(rep.Rows))}
+		return &ExitCodeError{Code: ExitCancelled, Err: fmt.Errorf("qualify interrupted after %d of %d cases; the case in flight was cleaned up, %d rows kept and %d cases exported as NOT_RUN", rep.Ran, rep.Planned, rep.Ran, len(rep.Rows)-rep.Ran)}
 	case c.Overall() == results.StatusFail:
 		return &ExitCodeError{Code: ExitFail, Err: fmt.Errorf("qualify: %s", c)}
 	case c.Overall() == results.StatusBlocked && allowBlocked:

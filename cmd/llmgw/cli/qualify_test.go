@@ -20,7 +20,7 @@ func TestNewCmdQualifyDefaults(t *testing.T) {
 		args []string
 		want QualifyOptions
 	}{
-		{"defaults", nil, QualifyOptions{Engine: "all", Modes: []string{"rr", "exact"}, Topologies: []string{"converged"}, Launcher: "sim", Out: defaultResultsDir(), Workers: 3}},
+		{"defaults (modes per engine: none given)", nil, QualifyOptions{Engine: "all", Topologies: []string{"converged"}, Launcher: "sim", Out: defaultResultsDir(), Workers: 3}},
 		{"lists", []string{"--engine", "sglang", "--profiles", "qwen3-0.6b,gemma-2-9b-it", "--modes", "exact", "--topology", "converged,pd", "--allow-blocked"},
 			QualifyOptions{Engine: "sglang", Profiles: []string{"qwen3-0.6b", "gemma-2-9b-it"}, Modes: []string{"exact"}, Topologies: []string{"converged", "pd"}, Launcher: "sim", Out: defaultResultsDir(), Workers: 3, AllowBlocked: true}},
 	}
@@ -50,9 +50,9 @@ func TestQualifyBadInput(t *testing.T) {
 		args    []string
 		wantErr string
 	}{
-		{"unknown engine", []string{"--engine", "tgi"}, "valid: vllm, sglang, trtllm, or all"},
+		{"unknown engine", []string{"--engine", "tgi"}, "valid: vllm, sglang, trtllm, llamacpp, or all"},
 		{"unknown profile", []string{"--profiles", "qwen4"}, "exaone-3.5-7.8b-instruct, gemma-2-9b-it, llama-3.1-8b-instruct, qwen2.5-7b-instruct, qwen3-0.6b"},
-		{"unknown mode", []string{"--modes", "rr,chwbl"}, "valid: rr, exact"},
+		{"unknown mode", []string{"--modes", "rr,fast"}, "valid: rr, chwbl, exact"},
 		{"unknown topology", []string{"--topology", "mesh"}, "valid: converged, pd"},
 		{"unknown launcher", []string{"--launcher", "k8s"}, "valid: sim, docker, attach"},
 		{"attach without endpoints", []string{"--launcher", "attach"}, "--endpoints"},

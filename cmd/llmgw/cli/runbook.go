@@ -16,21 +16,23 @@ import (
 
 // RunbookOptions are the inputs of `llmgw runbook converged`.
 type RunbookOptions struct {
-	IO               *IOStreams
-	Engine           string
-	Profile          string
-	Mode             string
-	Workers          int
-	workersSet       bool
-	Launcher         string
-	Endpoints        string
-	Gateway          string
-	GatewayTokenFile string
-	Out              string
-	ImageOverrides   []string
-	DockerNetwork    string
-	HealthTimeout    time.Duration
-	LogLevel         string
+	IO                    *IOStreams
+	Engine                string
+	Profile               string
+	Mode                  string
+	Workers               int
+	workersSet            bool
+	Launcher              string
+	Endpoints             string
+	KVEvents              string
+	AcceptVersionMismatch bool
+	Gateway               string
+	GatewayTokenFile      string
+	Out                   string
+	ImageOverrides        []string
+	DockerNetwork         string
+	HealthTimeout         time.Duration
+	LogLevel              string
 	// Plan is an 'llmgw plan -o json' file the tuple is taken from.
 	Plan string
 }
@@ -114,6 +116,8 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 	f.IntVar(&opts.Workers, "workers", converged.DefaultWorkers, "number of workers (attach: defaults to the number of --endpoints)")
 	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
 	f.StringVar(&opts.Endpoints, "endpoints", "", "attach: running workers as host:port,...")
+	f.StringVar(&opts.KVEvents, "kv-events", "", "attach, mode exact: the workers' KV event endpoints as tcp://host:port,... (one per --endpoints entry; default: what a simulator reports, else the rule's kvZmqPort)")
+	f.BoolVar(&opts.AcceptVersionMismatch, "accept-version-mismatch", false, "qualify real workers that report an engine version other than the catalog tuple's (the mismatch stays on the row)")
 	addLabFlags(f, &opts.Gateway, &opts.GatewayTokenFile, &opts.Out)
 	f.StringSliceVar(&opts.ImageOverrides, "image-override", nil, "docker: KEY=IMAGE with KEY an engine or sim (repeatable)")
 	f.StringVar(&opts.DockerNetwork, "docker-network", "", "docker: join this network instead of creating one for the run")
@@ -133,7 +137,7 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 	}
 	co := &converged.Options{
 		Engine: o.Engine, Profile: o.Profile, Mode: o.Mode, Workers: o.Workers, GatewayAdmin: o.Gateway,
-		HealthTimeout: o.HealthTimeout, Logger: logger,
+		HealthTimeout: o.HealthTimeout, Logger: logger, AcceptVersionMismatch: o.AcceptVersionMismatch,
 	}
 	if o.Workers < 1 || o.Workers > 64 {
 		return nil, usageErrorf("--workers %d: want 1..64", o.Workers)
@@ -174,13 +178,26 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 			return nil, usageErrorf("--workers %d conflicts with %d --endpoints", o.Workers, len(eps))
 		}
 		co.Workers = len(eps)
-		co.Launcher = &launcher.Attach{Endpoints: eps}
+		var evs []string
+		if o.KVEvents != "" {
+			for _, e := range strings.Split(o.KVEvents, ",") {
+				if e = strings.TrimSpace(e); !strings.HasPrefix(e, "tcp://") {
+					return nil, usageErrorf("--kv-events %q: want tcp://host:port,...", o.KVEvents)
+				}
+				evs = append(evs, strings.TrimSpace(e))
+			}
+			if len(evs) != len(eps) {
+				return nil, usageErrorf("--kv-events lists %d endpoints for %d --endpoints", len(evs), len(eps))
+			}
+		}
+		co.Launcher = &launcher.Attach{Endpoints: eps, Events: evs}
 	default:
 		return nil, usageErrorf("--launcher %q: valid launchers are %s", o.Launcher, strings.Join(launcherNames, ", "))
 	}
 	if co.GatewayToken, err = labGatewayToken(o.Gateway, o.GatewayTokenFile); err != nil {
 		return nil, err
 	}
+	co.GatewayTokenFile = o.GatewayTokenFile
 	if err := labValidated(co.Validate(), converged.ErrInvalid); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,21 +16,22 @@ import (
 
 // RunbookPDOptions are the inputs of `llmgw runbook pd`.
 type RunbookPDOptions struct {
-	IO               *IOStreams
-	Engine           string
-	Profile          string
-	KVExact          bool
-	Prefill          int
-	Decode           int
-	Launcher         string
-	PrefillEndpoints string
-	DecodeEndpoints  string
-	BootstrapPort    int
-	Gateway          string
-	GatewayTokenFile string
-	Out              string
-	HealthTimeout    time.Duration
-	LogLevel         string
+	IO                    *IOStreams
+	Engine                string
+	Profile               string
+	KVExact               bool
+	Prefill               int
+	Decode                int
+	Launcher              string
+	PrefillEndpoints      string
+	DecodeEndpoints       string
+	BootstrapPort         string
+	AcceptVersionMismatch bool
+	Gateway               string
+	GatewayTokenFile      string
+	Out                   string
+	HealthTimeout         time.Duration
+	LogLevel              string
 	// Plan is an 'llmgw plan -o json' file the tuple is taken from.
 	Plan string
 }
@@ -99,9 +101,10 @@ Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
 	f.StringVar(&opts.PrefillEndpoints, "prefill-endpoints", "", "attach: running prefill workers as host:port,...")
 	f.StringVar(&opts.DecodeEndpoints, "decode-endpoints", "", "attach: running decode workers as host:port,...")
-	f.IntVar(&opts.BootstrapPort, "bootstrap-port", 0, "attach, sglang: the prefills' bootstrap port when they do not report it (default 8998)")
+	f.StringVar(&opts.BootstrapPort, "bootstrap-port", "", "attach, sglang: the prefills' bootstrap port when they do not report it, one for all or one per --prefill-endpoints entry (P or P1,P2,...; default 8998)")
 	addLabFlags(f, &opts.Gateway, &opts.GatewayTokenFile, &opts.Out)
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s)")
+	f.BoolVar(&opts.AcceptVersionMismatch, "accept-version-mismatch", false, "qualify real workers that report an engine version other than the catalog tuple's (the mismatch stays on the row)")
 	addLabLogFlag(f, &opts.LogLevel)
 	f.StringVar(&opts.Plan, "plan", "", "take engine, profile, prefill/decode endpoints and bootstrap port from 'llmgw plan -o json' output")
 	return cmd
@@ -115,9 +118,9 @@ func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
 	}
 	po := &pd.Options{
 		Engine: o.Engine, Profile: o.Profile, KVExact: o.KVExact, Prefill: o.Prefill, Decode: o.Decode, GatewayAdmin: o.Gateway,
-		HealthTimeout: o.HealthTimeout, Logger: logger,
+		HealthTimeout: o.HealthTimeout, Logger: logger, AcceptVersionMismatch: o.AcceptVersionMismatch,
 	}
-	if (o.PrefillEndpoints != "" || o.DecodeEndpoints != "" || o.BootstrapPort != 0) && o.Launcher != results.LauncherAttach {
+	if (o.PrefillEndpoints != "" || o.DecodeEndpoints != "" || o.BootstrapPort != "") && o.Launcher != results.LauncherAttach {
 		return nil, usageErrorf("--prefill-endpoints, --decode-endpoints and --bootstrap-port need --launcher attach (got --launcher %s)", o.Launcher)
 	}
 	switch o.Launcher {
@@ -138,17 +141,34 @@ func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
 		if err != nil {
 			return nil, usageErrorf("--decode-endpoints: %v", err)
 		}
-		if o.BootstrapPort < 0 || o.BootstrapPort > 65535 {
-			return nil, usageErrorf("--bootstrap-port %d: want 1..65535", o.BootstrapPort)
+		att := &pd.Attach{Prefill: pe, Decode: de}
+		if o.BootstrapPort != "" {
+			var ports []int
+			for _, f := range strings.Split(o.BootstrapPort, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(f))
+				if err != nil || n < 1 || n > 65535 {
+					return nil, usageErrorf("--bootstrap-port %q: want a port 1..65535, or one per --prefill-endpoints entry", o.BootstrapPort)
+				}
+				ports = append(ports, n)
+			}
+			switch len(ports) {
+			case 1:
+				att.BootstrapPort = ports[0]
+			case len(pe):
+				att.BootstrapPorts = ports
+			default:
+				return nil, usageErrorf("--bootstrap-port lists %d ports for %d --prefill-endpoints (give one for all, or one each)", len(ports), len(pe))
+			}
 		}
 		po.Prefill, po.Decode = len(pe), len(de)
-		po.Launcher = &pd.Attach{Prefill: pe, Decode: de, BootstrapPort: o.BootstrapPort}
+		po.Launcher = att
 	default:
 		return nil, usageErrorf("--launcher %q: valid launchers are %s", o.Launcher, strings.Join(launcherNames, ", "))
 	}
 	if po.GatewayToken, err = labGatewayToken(o.Gateway, o.GatewayTokenFile); err != nil {
 		return nil, err
 	}
+	po.GatewayTokenFile = o.GatewayTokenFile
 	if err := labValidated(po.Validate(), pd.ErrInvalid); err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ type SimOptions struct {
 	Listen            string
 	Model             string
 	Role              string
+	Receipts          bool
 	BlockSize         int
 	HashAlgo          string
 	HashSeed          string
@@ -36,6 +37,9 @@ type SimOptions struct {
 	LoadingFor        time.Duration
 	IdleTimeout       time.Duration
 	NagleStall        bool
+	Metrics           bool
+	Slots             bool
+	Embeddings        bool
 }
 
 func newSimCmd(io *IOStreams) *cobra.Command {
@@ -59,7 +63,7 @@ At start it prints one JSON line with the bound addresses, e.g.
 so that --listen 127.0.0.1:0 can be used by scripts. It serves until
 interrupted (SIGINT or SIGTERM).
 
-Control endpoints on the HTTP address:
+Control endpoints on the HTTP address (none with --receipts=false):
   GET  /_sim/receipts   one receipt per request (request id, nonce, tokens, cache hits, P/D fields)
   POST /_sim/faults     e.g. {"health_fail":true}, {"error_rate":0.1}, {"added_latency_ms":50},
                         {"crash_after_chunks":3}, {"error_after_chunks":3},
@@ -98,8 +102,12 @@ Control endpoints on the HTTP address:
 	f.IntVar(&opts.DPRanks, "dp-ranks", 1, "data-parallel ranks, each with its own prefix cache and KV event publisher (ports offset by rank)")
 	f.StringVar(&opts.BootstrapListen, "bootstrap-listen", "127.0.0.1:0", "SGLang prefill bootstrap server address")
 	f.DurationVar(&opts.RendezvousTimeout, "rendezvous-timeout", 20*time.Second, "how long a SGLang P/D leg waits for its peer")
+	f.BoolVar(&opts.Receipts, "receipts", true, "serve the /_sim/* control endpoints (receipts, faults, addresses); false makes the simulator as silent as a real engine")
 	f.DurationVar(&opts.LoadingFor, "loading-for", 0, `llama.cpp only: answer "Loading model" (503) for this long after start`)
 	f.DurationVar(&opts.IdleTimeout, "idle-timeout", 0, "llama.cpp only: close idle keep-alive connections after this long (0 = the engine's 5s)")
+	f.BoolVar(&opts.Metrics, "metrics", false, "llama.cpp only: serve /metrics, as llama-server --metrics (without it: 501); other personas always serve it")
+	f.BoolVar(&opts.Slots, "slots", false, "llama.cpp only: serve /slots, as llama-server --slots (without it: 501)")
+	f.BoolVar(&opts.Embeddings, "embeddings", false, "llama.cpp only: embeddings mode, as llama-server --embeddings --pooling mean (completions answer 501)")
 	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "llama.cpp only: on a reused connection send a non-streamed answer's body 44ms after its head, as llama-server does")
 	return cmd
 }
@@ -126,6 +134,7 @@ func simConfig(opts *SimOptions) (sim.Config, error) {
 		Listen:            opts.Listen,
 		Model:             opts.Model,
 		Role:              opts.Role,
+		Silent:            !opts.Receipts,
 		BlockSize:         opts.BlockSize,
 		HashAlgo:          opts.HashAlgo,
 		HashSeed:          opts.HashSeed,
@@ -143,6 +152,9 @@ func simConfig(opts *SimOptions) (sim.Config, error) {
 		LoadingFor:        opts.LoadingFor,
 		IdleTimeout:       opts.IdleTimeout,
 		NagleStall:        opts.NagleStall,
+		EnableMetrics:     opts.Metrics,
+		EnableSlots:       opts.Slots,
+		Embeddings:        opts.Embeddings,
 	}, nil
 }
 

@@ -91,3 +91,59 @@ func TestSimCommandBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestSimReceiptsFalse: `llmgw sim --receipts=false` serves its persona but
+// no /_sim/* endpoint; the default serves them.
+func TestSimReceiptsFalse(t *testing.T) {
+	cases := []struct {
+		name       string
+		args       []string
+		wantStatus int
+	}{
+		{"default keeps the receipt log", nil, http.StatusOK},
+		{"--receipts=false is silent", []string{"--receipts=false"}, http.StatusNotFound},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ios, out := pipeIO()
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan ExitCode, 1)
+			go func() {
+				done <- Main(ctx, append([]string{"sim", "--engine", "vllm", "--listen", "127.0.0.1:0", "--kv-events", "off"}, tc.args...), ios)
+			}()
+			line, err := bufio.NewReader(out).ReadString('\n')
+			if err != nil {
+				cancel()
+				t.Fatalf("no address line: %v", err)
+			}
+			go io.Copy(io.Discard, out)
+			var addrs struct {
+				HTTP string `json:"http"`
+			}
+			if err := json.Unmarshal([]byte(line), &addrs); err != nil || addrs.HTTP == "" {
+				cancel()
+				t.Fatalf("address line %q: %v", line, err)
+			}
+			c := &http.Client{Timeout: 10 * time.Second}
+			resp, err := c.Get("http://" + addrs.HTTP + "/_sim/receipts")
+			if err != nil {
+				cancel()
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.wantStatus {
+				t.Errorf("GET /_sim/receipts = %d; want %d", resp.StatusCode, tc.wantStatus)
+			}
+			c.CloseIdleConnections()
+			cancel()
+			select {
+			case code := <-done:
+				if code != ExitOK {
+					t.Errorf("exit code after interrupt = %d; want 0", code)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("sim did not stop on interrupt")
+			}
+		})
+	}
+}

@@ -1,0 +1,19 @@
+package trtllm
+
+import "github.com/llmgw/llmgw/engines"
+
+// Evidence: trtllm_request_success_total, "Count of successfully processed
+// requests" (NVIDIA/TensorRT-LLM tensorrt_llm/metrics/collector.py, commit
+// 050f80d), served on Surfaces().Metrics (/prometheus/metrics). Which
+// trtllm-serve option switches the collector on was not established from
+// the source, so MetricsFlag is empty.
+func (*Adapter) Evidence() engines.Evidence {
+	return engines.Evidence{WorkCounter: "trtllm_request_success_total"}
+}
+
+// CachedTokens: the OpenAI usage.prompt_tokens_details.cached_tokens field
+// when the answer carries it (whether trtllm-serve fills it was not
+// established; an answer without it reports none).
+func (*Adapter) CachedTokens(body []byte) (int, bool) { return engines.OpenAICachedTokens(body) }
+
+var _ engines.EvidenceReader = (*Adapter)(nil)

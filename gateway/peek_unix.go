@@ -1,0 +1,35 @@
+//go:build unix
+
+package gateway
+
+import (
+	"errors"
+	"net"
+	"syscall"
+)
+
+// peerOpen reports whether an idle connection can still carry a request:
+// nothing is waiting to be read on it (no FIN, no RST, no unsolicited bytes
+// such as a 408 sent before closing). It peeks without blocking and without
+// consuming anything.
+func peerOpen(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	open := false
+	var buf [1]byte
+	cerr := rc.Read(func(fd uintptr) bool {
+		_, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		// EAGAIN: nothing to read, the peer is idle and open. n == 0 with
+		// no error is the peer's FIN; n > 0 is unsolicited data; any other
+		// error (ECONNRESET) is a dead connection.
+		open = err != nil && (errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK))
+		return true // never wait for readability
+	})
+	return cerr == nil && open
+}

@@ -1,0 +1,188 @@
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/llmgw/llmgw/engines"
+)
+
+// Upstream connections and what a failure on one proves.
+//
+// The gateway sends each request to a worker at most once. It may send it
+// again, on the same or another endpoint, only when the failure proves that
+// no worker can have read it:
+//
+//   - the connection could not be made (refused, connect timeout, DNS, TLS
+//     handshake): a *DialError;
+//   - a pooled connection was found dead before anything was written to it
+//     (the worker closed or reset it while idle, sent unsolicited bytes, or
+//     sat idle past the engine's keep-alive timeout): errStaleConn;
+//   - writing the request failed, so the worker never had all of it: a
+//     *sendError.
+//
+// Any other failure happened after the whole request was written; the
+// worker may have executed it, so it is relayed as an error, never retried.
+
+// errStaleConn: a pooled connection was dead before the request was written
+// to it. Nothing was sent.
+var errStaleConn = errors.New("pooled connection closed by the worker while idle")
+
+// errConnRetired: a pooled connection has carried the engine's request
+// limit; the engine closes it after that many. Nothing was sent.
+var errConnRetired = errors.New("pooled connection at the engine's request limit")
+
+// sendError: writing the request to the worker failed part-way or entirely,
+// so the worker cannot have read all of it. reused says whether the
+// connection had carried an earlier request.
+type sendError struct {
+	reused bool
+	err    error
+}
+
+func (e *sendError) Error() string { return "writing the request: " + e.err.Error() }
+func (e *sendError) Unwrap() error { return e.err }
+
+// connOpts is how the gateway treats connections to one endpoint; it follows
+// the engine's ConnPolicy (engines.Adapter.Conn).
+type connOpts struct {
+	// connect bounds the TCP connect and the TLS handshake.
+	connect time.Duration
+	// idle bounds the silence between response reads once bytes flow.
+	idle time.Duration
+	// maxIdle: a pooled connection idle longer than this is dead (the
+	// engine closes it); it is checked before each reuse, not only by the
+	// pool's cleaner.
+	maxIdle time.Duration
+	// maxRequests: a connection that has carried this many requests is not
+	// reused (0: no limit).
+	maxRequests int
+	tls         *tls.Config
+}
+
+// poolIdle is the pool's idle limit for an engine that closes idle
+// connections after t: a fifth below t (4 s for 5 s), so that the gateway
+// drops a connection well before the engine can close it under a request in
+// flight. Zero t (not known) keeps the gateway's own 90 s.
+func poolIdle(t time.Duration) time.Duration {
+	if t <= 0 {
+		return 90 * time.Second
+	}
+	return t - t/5
+}
+
+// freshConnPerRequest reports whether every request to this engine goes on
+// a new connection (Connection: close). llama-server serves only
+// ServingConns connections at once and holds each kept-alive connection's
+// thread until the connection closes, and its answers on a reused
+// connection stall ~40 ms (ReusedConnStall). Measured against a real
+// llama-server (BENCHMARKS.md, "Upstream connections"): a fresh connection
+// per request removes the stall (44 ms → 0.6 ms per request) and, unlike a
+// kept-alive pool, never leaves a request queued behind idle connections
+// that hold all of the server's threads.
+func freshConnPerRequest(p engines.ConnPolicy) bool {
+	return p.ReusedConnStall || p.ServingConns > 0
+}
+
+// dialUpstream connects to addr and wraps the connection so that a dead
+// pooled connection is found before a request is written to it. Every
+// failure is a *DialError: nothing reached the worker.
+func dialUpstream(addr string, o *connOpts) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", addr, o.connect)
+	if err != nil {
+		return nil, &DialError{Addr: addr, Err: err}
+	}
+	uc := &upConn{Conn: c, o: o}
+	if o.tls == nil {
+		return uc, nil
+	}
+	cfg := o.tls
+	if cfg.ServerName == "" && !cfg.InsecureSkipVerify {
+		host, _, _ := net.SplitHostPort(addr)
+		cfg = cfg.Clone()
+		cfg.ServerName = host
+	}
+	// The handshake is done here, below the HTTP client, so that its
+	// failure is a dial failure (nothing sent); fasthttp does not repeat
+	// it for a connection that already has Handshake.
+	tc := tls.Client(uc, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), o.connect)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		_ = c.Close()
+		return nil, &DialError{Addr: addr, Err: fmt.Errorf("TLS handshake: %w", err)}
+	}
+	// The handshake is not a request: the first HTTP request is the
+	// connection's first.
+	uc.requests, uc.reading = 0, false
+	return tc, nil
+}
+
+// upConn is one upstream TCP connection (below TLS, when there is TLS).
+//
+// HTTP/1.1 without pipelining alternates: a request is written, then its
+// response read. So the first Write after a Read starts a new request on a
+// reused connection; before letting it through, upConn checks that the
+// connection is still usable (alive, not idle past maxIdle, under
+// maxRequests) and otherwise fails the Write with errStaleConn, writing
+// nothing.
+//
+// It also bounds the silence between reads: fasthttp sets the first-byte
+// deadline (HostClient.ReadTimeout) before it reads a response; once bytes
+// flow, each successful read pushes the deadline idle into the future, so a
+// long stream is bounded by its gaps, not its total length.
+type upConn struct {
+	net.Conn
+	o        *connOpts
+	requests int       // requests started on this connection
+	reading  bool      // the last operation was a Read
+	lastRead time.Time // end of the last response read (last Read with bytes)
+}
+
+func (c *upConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.reading = true
+		c.lastRead = time.Now()
+		if c.o.idle > 0 {
+			_ = c.Conn.SetReadDeadline(c.lastRead.Add(c.o.idle))
+		}
+	}
+	return n, err
+}
+
+func (c *upConn) Write(p []byte) (int, error) {
+	if c.reading || c.requests == 0 {
+		if c.requests > 0 {
+			if err := c.usable(); err != nil {
+				return 0, err
+			}
+		}
+		c.reading = false
+		c.requests++
+	}
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		return n, &sendError{reused: c.requests > 1, err: err}
+	}
+	return n, nil
+}
+
+// usable reports why a kept-alive connection must not carry another
+// request, or nil.
+func (c *upConn) usable() error {
+	if c.o.maxRequests > 0 && c.requests >= c.o.maxRequests {
+		return errConnRetired
+	}
+	if c.o.maxIdle > 0 && time.Since(c.lastRead) > c.o.maxIdle {
+		return fmt.Errorf("%w (idle past %v)", errStaleConn, c.o.maxIdle)
+	}
+	if !peerOpen(c.Conn) {
+		return errStaleConn
+	}
+	return nil
+}
