@@ -359,8 +359,8 @@ func llamaParseBody(b []byte) (map[string]json.RawMessage, error) {
 		what := "syntax error while parsing value - unexpected end of input; expected '[', '{', or a literal"
 		var se *json.SyntaxError
 		if errors.As(err, &se) && se.Offset < int64(len(b)) {
-			off = int(se.Offset) - 1
-			what = "syntax error while parsing value - invalid literal; last read: '" + string(b[max(off, 0):min(off+1, len(b))]) + "'"
+			off = max(int(se.Offset)-1, 0)
+			what = "syntax error while parsing value - invalid literal; last read: '" + string(b[off:min(off+1, len(b))]) + "'"
 		}
 		line, col := 1, 1
 		for _, c := range b[:off] {
