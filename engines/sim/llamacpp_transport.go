@@ -30,8 +30,9 @@ import (
 //   - only as many connections as llama-server has HTTP threads are served
 //     at once (llamacpp.HTTPThreads of the persona's slots and this host's
 //     CPUs, as llama-server would size its pool here: 4 for two slots on two
-//     CPUs, the adapter's ServingConns): a further one is accepted by the
-//     kernel (listen backlog) but waits until a served one closes;
+//     CPUs; without a concurrency limit, the adapter's ServingConns): a
+//     further one is accepted by the kernel (listen backlog) but waits
+//     until a served one closes;
 //   - with the Nagle stall on, a non-streamed answer on a reused connection
 //     has its head written at once and its body llamacpp.ReusedConnStall
 //     later.
@@ -69,7 +70,12 @@ func newLlamaTransport(ctx context.Context, cfg Config) *llamaTransport {
 		t.stall = llamacpp.ReusedConnStall
 	}
 	if p.ServingConns > 0 {
-		t.policy.servingConns = llamacpp.HTTPThreads(max(cfg.MaxConcurrency, 1), runtime.NumCPU())
+		// A persona with slots (-np) sizes its pool as llama-server would
+		// on this host; one with unbounded concurrency has no -np and
+		// serves the adapter's figure, the captured launch's.
+		if cfg.MaxConcurrency > 0 {
+			t.policy.servingConns = llamacpp.HTTPThreads(cfg.MaxConcurrency, runtime.NumCPU())
+		}
 		t.serving = make(chan struct{}, t.policy.servingConns)
 	}
 	return t
