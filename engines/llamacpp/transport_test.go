@@ -141,60 +141,69 @@ func TestIdleClose(t *testing.T) {
 }
 
 // TestServingConnLimit: as many connections as llama-server has HTTP
-// threads are served at once (4 for the captured -np 2 on 2 CPUs); one
-// more is accepted by the kernel but answered only when one of them
-// closes (here by the idle timeout), while the last one that fits is
-// answered at once (transport.json http_threads).
+// threads are served at once (4 for the captured -np 2 on 2 CPUs; a
+// persona without slots serves the adapter's figure); one more is accepted
+// by the kernel but answered only when one of them closes (here by the
+// idle timeout), while the last one that fits is answered at once
+// (transport.json http_threads).
 func TestServingConnLimit(t *testing.T) {
 	if got := llamacpp.HTTPThreads(2, 2); got != 4 {
 		t.Fatalf("HTTPThreads(2, 2) = %d, want the captured 4", got)
 	}
-	limit := llamacpp.HTTPThreads(2, runtime.NumCPU())
-	t.Run("last_served", func(t *testing.T) {
-		s := startSim(t, sim.Config{MaxConcurrency: 2})
-		var held []*rawConn
-		for i := 0; i < limit-1; i++ {
-			c := dial(t, s.Addrs().HTTP)
-			if r := c.roundTrip("GET", "/health", nil, ""); r.status != 200 {
-				t.Fatalf("conn %d: %d", i, r.status)
+	for _, tc := range []struct {
+		name  string
+		slots int
+		limit int
+	}{
+		{"two_slots", 2, llamacpp.HTTPThreads(2, runtime.NumCPU())},
+		{"unbounded", 0, llamacpp.Adapter{}.Conn().ServingConns},
+	} {
+		t.Run(tc.name+"/last_served", func(t *testing.T) {
+			s := startSim(t, sim.Config{MaxConcurrency: tc.slots})
+			var held []*rawConn
+			for i := 0; i < tc.limit-1; i++ {
+				c := dial(t, s.Addrs().HTTP)
+				if r := c.roundTrip("GET", "/health", nil, ""); r.status != 200 {
+					t.Fatalf("conn %d: %d", i, r.status)
+				}
+				held = append(held, c)
 			}
-			held = append(held, c)
-		}
-		if r := dial(t, s.Addrs().HTTP).roundTrip("GET", "/health", nil, ""); r.status != 200 {
-			t.Fatalf("connection %d: %d", limit, r.status)
-		}
-		// The default idle timeout is 5 s: none of the others was closed
-		// to make room.
-		for i, c := range held {
-			if err := c.waitEOF(10 * time.Millisecond); err == nil {
-				t.Errorf("conn %d was closed before connection %d was served", i, limit)
+			if r := dial(t, s.Addrs().HTTP).roundTrip("GET", "/health", nil, ""); r.status != 200 {
+				t.Fatalf("connection %d: %d", tc.limit, r.status)
 			}
-		}
-	})
-	t.Run("one_more_waits", func(t *testing.T) {
-		s := startSim(t, sim.Config{MaxConcurrency: 2, IdleTimeout: 300 * time.Millisecond})
-		var held []*rawConn
-		for i := 0; i < limit; i++ {
-			c := dial(t, s.Addrs().HTTP)
-			if r := c.roundTrip("GET", "/health", nil, ""); r.status != 200 {
-				t.Fatalf("conn %d: %d", i, r.status)
+			// The default idle timeout is 5 s: none of the others was
+			// closed to make room.
+			for i, c := range held {
+				if err := c.waitEOF(10 * time.Millisecond); err == nil {
+					t.Errorf("conn %d was closed before connection %d was served", i, tc.limit)
+				}
 			}
-			held = append(held, c)
-		}
-		extra := dial(t, s.Addrs().HTTP) // the kernel accepts it
-		if r := extra.roundTrip("GET", "/health", nil, ""); r.status != 200 {
-			t.Fatalf("connection %d: %d", limit+1, r.status)
-		}
-		closed := 0
-		for _, c := range held {
-			if c.waitEOF(time.Second) == nil {
-				closed++
+		})
+		t.Run(tc.name+"/one_more_waits", func(t *testing.T) {
+			s := startSim(t, sim.Config{MaxConcurrency: tc.slots, IdleTimeout: 300 * time.Millisecond})
+			var held []*rawConn
+			for i := 0; i < tc.limit; i++ {
+				c := dial(t, s.Addrs().HTTP)
+				if r := c.roundTrip("GET", "/health", nil, ""); r.status != 200 {
+					t.Fatalf("conn %d: %d", i, r.status)
+				}
+				held = append(held, c)
 			}
-		}
-		if closed == 0 {
-			t.Fatalf("connection %d was answered while %d others were being served", limit+1, limit)
-		}
-	})
+			extra := dial(t, s.Addrs().HTTP) // the kernel accepts it
+			if r := extra.roundTrip("GET", "/health", nil, ""); r.status != 200 {
+				t.Fatalf("connection %d: %d", tc.limit+1, r.status)
+			}
+			closed := 0
+			for _, c := range held {
+				if c.waitEOF(time.Second) == nil {
+					closed++
+				}
+			}
+			if closed == 0 {
+				t.Fatalf("connection %d was answered while %d others were being served", tc.limit+1, tc.limit)
+			}
+		})
+	}
 }
 
 // TestSlotsFailOnNoSlot: /slots?fail_on_no_slot=1 answers 503 when every
