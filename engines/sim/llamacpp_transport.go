@@ -187,6 +187,9 @@ func (t *llamaTransport) finish(ctx *fasthttp.RequestCtx) {
 	// llama-server echoes the request's Origin, and sends the header empty
 	// when there is none.
 	h.SetBytesV("Access-Control-Allow-Origin", ctx.Request.Header.Peek("Origin"))
+	if ctx.IsHead() {
+		h.Set("Accept-Ranges", "bytes") // cpp-httplib's HEAD answer
+	}
 	if t.stall > 0 && ctx.ConnRequestNum() > 1 {
 		body := append([]byte(nil), ctx.Response.Body()...)
 		ctx.Response.SetBodyStream(&stalledBody{body: body, delay: t.stall, stop: t.stopping}, len(body))
