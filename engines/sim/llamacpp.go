@@ -21,6 +21,22 @@ import (
 // conformance test there replays every capture against it. Where a
 // behaviour was not captured, the comment cites llama.cpp's
 // examples/server/server.cpp at that commit or says it is not established.
+//
+// What still differs from that server, and why:
+//   - the header order of non-streamed answers: fasthttp writes Server,
+//     Content-Type and Content-Length first, cpp-httplib follows its header
+//     map (streamed answers, written by hand, are exact);
+//   - generated text, token ids and counts: the simulator's tokenizer and
+//     word list, not the GGUF's vocabulary; a completion stops naturally
+//     after 8..32 tokens where the model runs to EOS or the context;
+//   - timings and /metrics figures come from the latency model; prompt
+//     reuse is the simulator's block LRU, not a slot's common prefix;
+//   - /slots shows each slot's defaults, not its running task;
+//   - a batch of prompts is refused (the server answers an array);
+//   - nlohmann's parse-error tail ("last read: …") is approximate;
+//   - GET / serves a stand-in for the 1.2 MB web UI;
+//   - a killed process is the crash_after_chunks fault: its wire side only;
+//   - the /_sim control endpoints use the same served-connection budget.
 
 // llamaNCtx is llama-server's default total context (-c 4096, as in the
 // captures); each slot gets llamaNCtx / slots (-c 4096 -np 2: 2048).
