@@ -1,6 +1,7 @@
 package llamacpp_test
 
 import (
+	"encoding/json"
 	"runtime"
 	"testing"
 	"time"
@@ -221,5 +222,53 @@ func TestSlotsFailOnNoSlot(t *testing.T) {
 	const want = `{"error":{"code":503,"message":"no slot available","type":"unavailable_error"}}`
 	if r.status != 503 || string(r.body) != want {
 		t.Fatalf("busy: %d %s, want 503 %s", r.status, r.body, want)
+	}
+}
+
+// TestSlotChoice: a new prompt goes to the slot used least recently (the
+// never-used one first), a repeated prompt back to the slot that holds it,
+// and /slots reports each slot's last task (checked against the same
+// build; cases slots_enabled_*).
+func TestSlotChoice(t *testing.T) {
+	s := startSim(t, sim.Config{MaxConcurrency: 2, EnableSlots: true})
+	c := dial(t, s.Addrs().HTTP)
+	complete := func(prompt string) int {
+		t.Helper()
+		r := c.roundTrip("POST", "/completion", jsonCT, `{"prompt":"`+prompt+`","n_predict":4}`)
+		var res struct {
+			IDSlot int `json:"id_slot"`
+		}
+		if err := json.Unmarshal(r.body, &res); err != nil || r.status != 200 {
+			t.Fatalf("%s: %d %s", prompt, r.status, r.body)
+		}
+		return res.IDSlot
+	}
+	first := complete("the quick brown fox jumps over the lazy dog")
+	second := complete("an entirely different prompt about the sea")
+	if first == second {
+		t.Fatalf("a new prompt went to slot %d, which the first task used; want the never-used slot", second)
+	}
+	if again := complete("the quick brown fox jumps over the lazy dog"); again != first {
+		t.Errorf("the repeated prompt went to slot %d, want %d which holds it", again, first)
+	}
+	var slots []struct {
+		ID     int   `json:"id"`
+		IDTask int64 `json:"id_task"`
+		Params struct {
+			NPredict int `json:"n_predict"`
+		} `json:"params"`
+		NextToken struct {
+			HasNext  bool `json:"has_next_token"`
+			NRemain  int  `json:"n_remain"`
+			NDecoded int  `json:"n_decoded"`
+		} `json:"next_token"`
+	}
+	if r := c.roundTrip("GET", "/slots", nil, ""); json.Unmarshal(r.body, &slots) != nil || len(slots) != 2 {
+		t.Fatalf("/slots: %d %s", r.status, r.body)
+	}
+	for _, sl := range slots {
+		if sl.IDTask < 0 || sl.Params.NPredict != 4 || sl.NextToken.HasNext || sl.NextToken.NDecoded+sl.NextToken.NRemain != 4 {
+			t.Errorf("slot %d after its task: %+v", sl.ID, sl)
+		}
 	}
 }
