@@ -32,7 +32,9 @@ import (
 //     after 8..32 tokens where the model runs to EOS or the context;
 //   - timings and /metrics figures come from the latency model; prompt
 //     reuse is the simulator's block LRU, not a slot's common prefix;
-//   - /slots shows each slot's defaults, not its running task;
+//   - a slot counts as processing from decode, not prefill, and its
+//     n_decoded is estimated from the decode cost; id_task counts only
+//     completion tasks;
 //   - a batch of prompts is refused (the server answers an array);
 //   - nlohmann's parse-error tail ("last read: …") is approximate;
 //   - GET / serves a stand-in for the 1.2 MB web UI;
