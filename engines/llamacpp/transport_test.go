@@ -272,3 +272,45 @@ func TestSlotChoice(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadingEveryPath: while the model loads every path answers 503 —
+// "/" and ".html" paths with the loading page, every other one, known or
+// not, with the JSON error — except the CORS preflight, which is answered
+// before the server state is checked (transport.json, cases *_loading;
+// server.cpp pre-routing handler).
+func TestLoadingEveryPath(t *testing.T) {
+	s := startSim(t, sim.Config{LoadingFor: time.Hour, EnableMetrics: true, EnableSlots: true})
+	const loading = `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+		ct                 string
+	}{
+		{"GET", "/health", "", 503, "application/json; charset=utf-8"},
+		{"GET", "/v1/models", "", 503, "application/json; charset=utf-8"},
+		{"GET", "/props", "", 503, "application/json; charset=utf-8"},
+		{"GET", "/slots", "", 503, "application/json; charset=utf-8"},
+		{"GET", "/metrics", "", 503, "application/json; charset=utf-8"},
+		{"POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, 503, "application/json; charset=utf-8"},
+		{"POST", "/v1/completions", `{"prompt":"hi"}`, 503, "application/json; charset=utf-8"},
+		{"POST", "/completion", `{"prompt":"hi"}`, 503, "application/json; charset=utf-8"},
+		{"POST", "/tokenize", `{"content":"hi"}`, 503, "application/json; charset=utf-8"},
+		{"POST", "/v1/chat/completions", `not json`, 503, "application/json; charset=utf-8"},
+		{"GET", "/v1/nope", "", 503, "application/json; charset=utf-8"},
+		{"DELETE", "/health", "", 503, "application/json; charset=utf-8"},
+		{"GET", "/", "", 503, "text/html; charset=utf-8"},
+		{"GET", "/index.html", "", 503, "text/html; charset=utf-8"},
+		{"OPTIONS", "/v1/chat/completions", "", 200, "text/html"},
+	} {
+		t.Run(tc.method+tc.path, func(t *testing.T) {
+			r := dial(t, s.Addrs().HTTP).roundTrip(tc.method, tc.path, jsonCT, tc.body)
+			ct, _ := r.get("Content-Type")
+			if r.status != tc.status || ct != tc.ct {
+				t.Fatalf("%d %q, want %d %q", r.status, ct, tc.status, tc.ct)
+			}
+			if tc.ct == "application/json; charset=utf-8" && string(r.body) != loading {
+				t.Errorf("body %s, want %s", r.body, loading)
+			}
+		})
+	}
+}
