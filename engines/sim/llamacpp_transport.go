@@ -120,7 +120,9 @@ func (l *llamaListener) Accept() (net.Conn, error) {
 	lc := &llamaConn{Conn: c, release: l.release}
 	// A connection that never sends a byte is closed after the idle time,
 	// silently (fasthttp's own first-request timeout would answer 408).
-	lc.silent = time.AfterFunc(l.t.idle, func() { _ = lc.Close() })
+	// The timer's func must not read lc.silent: it may run before the
+	// assignment below is visible to it.
+	lc.silent = time.AfterFunc(l.t.idle, func() { _ = lc.close() })
 	return lc, nil
 }
 
@@ -148,8 +150,13 @@ func (c *llamaConn) Read(p []byte) (int, error) {
 }
 
 func (c *llamaConn) Close() error {
+	c.silent.Stop()
+	return c.close()
+}
+
+// close closes the connection once and frees its serving slot.
+func (c *llamaConn) close() error {
 	c.closeOnce.Do(func() {
-		c.silent.Stop()
 		c.closeErr = c.Conn.Close()
 		c.release()
 	})
