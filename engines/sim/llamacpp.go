@@ -233,9 +233,12 @@ func (s *Sim) llamaIndex(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(fasthttp.AppendGzipBytes(nil, []byte("<!DOCTYPE html><html><body>llama.cpp persona of llmgw sim</body></html>\n")))
 }
 
-// llamaValidate applies llama-server's checks, in its order: chat needs a
-// messages array; /v1/completions needs a prompt and refuses echo, best_of
-// and suffix; both refuse n != 1; native /completion needs a prompt (400).
+// llamaValidate applies llama-server's checks, in its order (cases err_*
+// and extra/err_*): chat refuses tools and tool_choice without --jinja,
+// then needs well-formed messages; /v1/completions and native /completion
+// need a prompt of a valid type; the OpenAI endpoints refuse n != 1, chat
+// top_logprobs without logprobs, completions echo, best_of and suffix. It
+// returns status 0 when the request passes.
 func llamaValidate(api apiKind, body map[string]json.RawMessage) (int, string) {
 	const e500 = fasthttp.StatusInternalServerError
 	switch api {
@@ -280,9 +283,10 @@ func llamaValidate(api apiKind, body map[string]json.RawMessage) (int, string) {
 		}
 	}
 	if api == apiChat {
-		var logprobs bool
-		if _, ok := body["top_logprobs"]; ok && !isNull(body["top_logprobs"]) {
-			if json.Unmarshal(body["logprobs"], &logprobs); !logprobs {
+		if !isNull(body["top_logprobs"]) {
+			var logprobs bool
+			_ = json.Unmarshal(body["logprobs"], &logprobs) // mistyped: false
+			if !logprobs {
 				return e500, "top_logprobs requires logprobs to be set to true"
 			}
 		}
@@ -327,15 +331,19 @@ func llamaCheckMessages(raw json.RawMessage) string {
 		switch {
 		case isNull(t), t[0] == '"':
 		case t[0] == '[':
-			var parts []struct {
-				Type json.RawMessage `json:"type"`
-			}
+			var parts []json.RawMessage
 			if json.Unmarshal(t, &parts) != nil {
 				return "Invalid 'content' type: expected string or array, got " + compactJSON(t) + ref
 			}
 			for _, p := range parts {
-				if string(p.Type) != `"text"` {
-					return "Unsupported content part type: " + compactJSON(p.Type)
+				var part struct {
+					Type json.RawMessage `json:"type"`
+				}
+				if json.Unmarshal(p, &part) != nil || part.Type == nil {
+					return "Missing content part type: " + compactJSON(p)
+				}
+				if string(part.Type) != `"text"` {
+					return "Unsupported content part type: " + compactJSON(part.Type)
 				}
 			}
 		default:
