@@ -109,7 +109,10 @@ func (Adapter) ParseVersion(body []byte) (string, error) {
 }
 
 // Metrics: llama-server exports no request or prefix-cache counters; cache
-// reuse is read from each answer's timings (prompt_n vs cache_n).
+// reuse shows in each answer: timings.prompt_n counts only the prompt
+// tokens evaluated, usage.prompt_tokens all of them (34 and 34 on a first
+// chat_json, 1 and 34 on its repeat). The captured build's timings have no
+// cache_n.
 func (Adapter) Metrics() engines.MetricNames {
 	return engines.MetricNames{
 		PromptTokens:    "llamacpp:prompt_tokens_total",

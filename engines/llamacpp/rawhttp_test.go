@@ -97,18 +97,24 @@ func (rc *rawConn) send(method, path string, headers map[string]string, body str
 	}
 }
 
-// read reads one response.
+// read reads one response (to a request that was not HEAD).
 func (rc *rawConn) read() (*rawResponse, error) {
+	return rc.readFor("GET")
+}
+
+// readFor reads the response to a request with this method: a HEAD
+// answer has a head only.
+func (rc *rawConn) readFor(method string) (*rawResponse, error) {
 	if err := rc.c.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
 		return nil, err
 	}
-	return readResponse(rc.br)
+	return readResponse(rc.br, method == "HEAD")
 }
 
 func (rc *rawConn) roundTrip(method, path string, headers map[string]string, body string) *rawResponse {
 	rc.t.Helper()
 	rc.send(method, path, headers, body)
-	r, err := rc.read()
+	r, err := rc.readFor(method)
 	if err != nil {
 		rc.t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -139,8 +145,8 @@ func (rc *rawConn) waitEOF(within time.Duration) error {
 }
 
 // readResponse parses one HTTP/1.1 response: status line, headers,
-// Content-Length or chunked body.
-func readResponse(br *bufio.Reader) (*rawResponse, error) {
+// Content-Length or chunked body (none when headOnly).
+func readResponse(br *bufio.Reader, headOnly bool) (*rawResponse, error) {
 	line, err := br.ReadString('\n')
 	if err != nil {
 		return nil, fmt.Errorf("status line: %w", err)
@@ -180,6 +186,7 @@ func readResponse(br *bufio.Reader) (*rawResponse, error) {
 	}
 	r.headAt = time.Now()
 	switch {
+	case headOnly:
 	case r.chunked:
 		for {
 			sz, err := br.ReadString('\n')
@@ -215,7 +222,7 @@ func readResponse(br *bufio.Reader) (*rawResponse, error) {
 	return r, nil
 }
 
-// parseRaw parses a captured .http file.
-func parseRaw(b []byte) (*rawResponse, error) {
-	return readResponse(bufio.NewReader(bytes.NewReader(b)))
+// parseRaw parses a captured .http file of an answer to method.
+func parseRaw(b []byte, method string) (*rawResponse, error) {
+	return readResponse(bufio.NewReader(bytes.NewReader(b)), method == "HEAD")
 }

@@ -1,6 +1,7 @@
 package llamacpp_test
 
 import (
+	"encoding/json"
 	"runtime"
 	"testing"
 	"time"
@@ -141,60 +142,69 @@ func TestIdleClose(t *testing.T) {
 }
 
 // TestServingConnLimit: as many connections as llama-server has HTTP
-// threads are served at once (4 for the captured -np 2 on 2 CPUs); one
-// more is accepted by the kernel but answered only when one of them
-// closes (here by the idle timeout), while the last one that fits is
-// answered at once (transport.json http_threads).
+// threads are served at once (4 for the captured -np 2 on 2 CPUs; a
+// persona without slots serves the adapter's figure); one more is accepted
+// by the kernel but answered only when one of them closes (here by the
+// idle timeout), while the last one that fits is answered at once
+// (transport.json http_threads).
 func TestServingConnLimit(t *testing.T) {
 	if got := llamacpp.HTTPThreads(2, 2); got != 4 {
 		t.Fatalf("HTTPThreads(2, 2) = %d, want the captured 4", got)
 	}
-	limit := llamacpp.HTTPThreads(2, runtime.NumCPU())
-	t.Run("last_served", func(t *testing.T) {
-		s := startSim(t, sim.Config{MaxConcurrency: 2})
-		var held []*rawConn
-		for i := 0; i < limit-1; i++ {
-			c := dial(t, s.Addrs().HTTP)
-			if r := c.roundTrip("GET", "/health", nil, ""); r.status != 200 {
-				t.Fatalf("conn %d: %d", i, r.status)
+	for _, tc := range []struct {
+		name  string
+		slots int
+		limit int
+	}{
+		{"two_slots", 2, llamacpp.HTTPThreads(2, runtime.NumCPU())},
+		{"unbounded", 0, llamacpp.Adapter{}.Conn().ServingConns},
+	} {
+		t.Run(tc.name+"/last_served", func(t *testing.T) {
+			s := startSim(t, sim.Config{MaxConcurrency: tc.slots})
+			var held []*rawConn
+			for i := 0; i < tc.limit-1; i++ {
+				c := dial(t, s.Addrs().HTTP)
+				if r := c.roundTrip("GET", "/health", nil, ""); r.status != 200 {
+					t.Fatalf("conn %d: %d", i, r.status)
+				}
+				held = append(held, c)
 			}
-			held = append(held, c)
-		}
-		if r := dial(t, s.Addrs().HTTP).roundTrip("GET", "/health", nil, ""); r.status != 200 {
-			t.Fatalf("connection %d: %d", limit, r.status)
-		}
-		// The default idle timeout is 5 s: none of the others was closed
-		// to make room.
-		for i, c := range held {
-			if err := c.waitEOF(10 * time.Millisecond); err == nil {
-				t.Errorf("conn %d was closed before connection %d was served", i, limit)
+			if r := dial(t, s.Addrs().HTTP).roundTrip("GET", "/health", nil, ""); r.status != 200 {
+				t.Fatalf("connection %d: %d", tc.limit, r.status)
 			}
-		}
-	})
-	t.Run("one_more_waits", func(t *testing.T) {
-		s := startSim(t, sim.Config{MaxConcurrency: 2, IdleTimeout: 300 * time.Millisecond})
-		var held []*rawConn
-		for i := 0; i < limit; i++ {
-			c := dial(t, s.Addrs().HTTP)
-			if r := c.roundTrip("GET", "/health", nil, ""); r.status != 200 {
-				t.Fatalf("conn %d: %d", i, r.status)
+			// The default idle timeout is 5 s: none of the others was
+			// closed to make room.
+			for i, c := range held {
+				if err := c.waitEOF(10 * time.Millisecond); err == nil {
+					t.Errorf("conn %d was closed before connection %d was served", i, tc.limit)
+				}
 			}
-			held = append(held, c)
-		}
-		extra := dial(t, s.Addrs().HTTP) // the kernel accepts it
-		if r := extra.roundTrip("GET", "/health", nil, ""); r.status != 200 {
-			t.Fatalf("connection %d: %d", limit+1, r.status)
-		}
-		closed := 0
-		for _, c := range held {
-			if c.waitEOF(time.Second) == nil {
-				closed++
+		})
+		t.Run(tc.name+"/one_more_waits", func(t *testing.T) {
+			s := startSim(t, sim.Config{MaxConcurrency: tc.slots, IdleTimeout: 300 * time.Millisecond})
+			var held []*rawConn
+			for i := 0; i < tc.limit; i++ {
+				c := dial(t, s.Addrs().HTTP)
+				if r := c.roundTrip("GET", "/health", nil, ""); r.status != 200 {
+					t.Fatalf("conn %d: %d", i, r.status)
+				}
+				held = append(held, c)
 			}
-		}
-		if closed == 0 {
-			t.Fatalf("connection %d was answered while %d others were being served", limit+1, limit)
-		}
-	})
+			extra := dial(t, s.Addrs().HTTP) // the kernel accepts it
+			if r := extra.roundTrip("GET", "/health", nil, ""); r.status != 200 {
+				t.Fatalf("connection %d: %d", tc.limit+1, r.status)
+			}
+			closed := 0
+			for _, c := range held {
+				if c.waitEOF(time.Second) == nil {
+					closed++
+				}
+			}
+			if closed == 0 {
+				t.Fatalf("connection %d was answered while %d others were being served", tc.limit+1, tc.limit)
+			}
+		})
+	}
 }
 
 // TestSlotsFailOnNoSlot: /slots?fail_on_no_slot=1 answers 503 when every
@@ -212,5 +222,95 @@ func TestSlotsFailOnNoSlot(t *testing.T) {
 	const want = `{"error":{"code":503,"message":"no slot available","type":"unavailable_error"}}`
 	if r.status != 503 || string(r.body) != want {
 		t.Fatalf("busy: %d %s, want 503 %s", r.status, r.body, want)
+	}
+}
+
+// TestSlotChoice: a new prompt goes to the slot used least recently (the
+// never-used one first), a repeated prompt back to the slot that holds it,
+// and /slots reports each slot's last task (checked against the same
+// build; cases slots_enabled_*).
+func TestSlotChoice(t *testing.T) {
+	s := startSim(t, sim.Config{MaxConcurrency: 2, EnableSlots: true})
+	c := dial(t, s.Addrs().HTTP)
+	complete := func(prompt string) int {
+		t.Helper()
+		r := c.roundTrip("POST", "/completion", jsonCT, `{"prompt":"`+prompt+`","n_predict":4}`)
+		var res struct {
+			IDSlot int `json:"id_slot"`
+		}
+		if err := json.Unmarshal(r.body, &res); err != nil || r.status != 200 {
+			t.Fatalf("%s: %d %s", prompt, r.status, r.body)
+		}
+		return res.IDSlot
+	}
+	first := complete("the quick brown fox jumps over the lazy dog")
+	second := complete("an entirely different prompt about the sea")
+	if first == second {
+		t.Fatalf("a new prompt went to slot %d, which the first task used; want the never-used slot", second)
+	}
+	if again := complete("the quick brown fox jumps over the lazy dog"); again != first {
+		t.Errorf("the repeated prompt went to slot %d, want %d which holds it", again, first)
+	}
+	var slots []struct {
+		ID     int   `json:"id"`
+		IDTask int64 `json:"id_task"`
+		Params struct {
+			NPredict int `json:"n_predict"`
+		} `json:"params"`
+		NextToken struct {
+			HasNext  bool `json:"has_next_token"`
+			NRemain  int  `json:"n_remain"`
+			NDecoded int  `json:"n_decoded"`
+		} `json:"next_token"`
+	}
+	if r := c.roundTrip("GET", "/slots", nil, ""); json.Unmarshal(r.body, &slots) != nil || len(slots) != 2 {
+		t.Fatalf("/slots: %d %s", r.status, r.body)
+	}
+	for _, sl := range slots {
+		if sl.IDTask < 0 || sl.Params.NPredict != 4 || sl.NextToken.HasNext || sl.NextToken.NDecoded+sl.NextToken.NRemain != 4 {
+			t.Errorf("slot %d after its task: %+v", sl.ID, sl)
+		}
+	}
+}
+
+// TestLoadingEveryPath: while the model loads every path answers 503 —
+// "/" and ".html" paths with the loading page, every other one, known or
+// not, with the JSON error — except the CORS preflight, which is answered
+// before the server state is checked (transport.json, cases *_loading;
+// server.cpp pre-routing handler).
+func TestLoadingEveryPath(t *testing.T) {
+	s := startSim(t, sim.Config{LoadingFor: time.Hour, EnableMetrics: true, EnableSlots: true})
+	const loading = `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+		ct                 string
+	}{
+		{"GET", "/health", "", 503, "application/json; charset=utf-8"},
+		{"GET", "/v1/models", "", 503, "application/json; charset=utf-8"},
+		{"GET", "/props", "", 503, "application/json; charset=utf-8"},
+		{"GET", "/slots", "", 503, "application/json; charset=utf-8"},
+		{"GET", "/metrics", "", 503, "application/json; charset=utf-8"},
+		{"POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, 503, "application/json; charset=utf-8"},
+		{"POST", "/v1/completions", `{"prompt":"hi"}`, 503, "application/json; charset=utf-8"},
+		{"POST", "/completion", `{"prompt":"hi"}`, 503, "application/json; charset=utf-8"},
+		{"POST", "/tokenize", `{"content":"hi"}`, 503, "application/json; charset=utf-8"},
+		{"POST", "/v1/chat/completions", `not json`, 503, "application/json; charset=utf-8"},
+		{"GET", "/v1/nope", "", 503, "application/json; charset=utf-8"},
+		{"DELETE", "/health", "", 503, "application/json; charset=utf-8"},
+		{"GET", "/", "", 503, "text/html; charset=utf-8"},
+		{"GET", "/index.html", "", 503, "text/html; charset=utf-8"},
+		{"OPTIONS", "/v1/chat/completions", "", 200, "text/html"},
+	} {
+		t.Run(tc.method+tc.path, func(t *testing.T) {
+			r := dial(t, s.Addrs().HTTP).roundTrip(tc.method, tc.path, jsonCT, tc.body)
+			ct, _ := r.get("Content-Type")
+			if r.status != tc.status || ct != tc.ct {
+				t.Fatalf("%d %q, want %d %q", r.status, ct, tc.status, tc.ct)
+			}
+			if tc.ct == "application/json; charset=utf-8" && string(r.body) != loading {
+				t.Errorf("body %s, want %s", r.body, loading)
+			}
+		})
 	}
 }

@@ -31,8 +31,10 @@ type genJob struct {
 	remoteTokens int
 	rec          Receipt
 	pd           pdState
-	// truncated: llama.cpp cut the prompt to fit its slot's context.
+	// truncated: llama.cpp cut the prompt to fit its slot's context;
+	// slot is the llama.cpp slot that serves the job (-1: none free).
 	truncated bool
+	slot      int
 }
 
 // genOutcome is what the simulated engine computed for a job.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -21,6 +22,24 @@ import (
 // conformance test there replays every capture against it. Where a
 // behaviour was not captured, the comment cites llama.cpp's
 // examples/server/server.cpp at that commit or says it is not established.
+//
+// What still differs from that server, and why:
+//   - the header order of non-streamed answers: fasthttp writes Server,
+//     Content-Type and Content-Length first, cpp-httplib follows its header
+//     map (streamed answers, written by hand, are exact);
+//   - generated text, token ids and counts: the simulator's tokenizer and
+//     word list, not the GGUF's vocabulary; a completion stops naturally
+//     after 8..32 tokens where the model runs to EOS or the context;
+//   - timings and /metrics figures come from the latency model; prompt
+//     reuse is the simulator's block LRU, not a slot's common prefix;
+//   - a slot counts as processing from decode, not prefill, and its
+//     n_decoded is estimated from the decode cost; id_task counts only
+//     completion tasks;
+//   - a batch of prompts is refused (the server answers an array);
+//   - nlohmann's parse-error tail ("last read: …") is approximate;
+//   - GET / serves a stand-in for the 1.2 MB web UI;
+//   - a killed process is the crash_after_chunks fault: its wire side only;
+//   - the /_sim control endpoints use the same served-connection budget.
 
 // llamaNCtx is llama-server's default total context (-c 4096, as in the
 // captures); each slot gets llamaNCtx / slots (-c 4096 -np 2: 2048).
@@ -214,9 +233,12 @@ func (s *Sim) llamaIndex(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(fasthttp.AppendGzipBytes(nil, []byte("<!DOCTYPE html><html><body>llama.cpp persona of llmgw sim</body></html>\n")))
 }
 
-// llamaValidate applies llama-server's checks, in its order: chat needs a
-// messages array; /v1/completions needs a prompt and refuses echo, best_of
-// and suffix; both refuse n != 1; native /completion needs a prompt (400).
+// llamaValidate applies llama-server's checks, in its order (cases err_*
+// and extra/err_*): chat refuses tools and tool_choice without --jinja,
+// then needs well-formed messages; /v1/completions and native /completion
+// need a prompt of a valid type; the OpenAI endpoints refuse n != 1, chat
+// top_logprobs without logprobs, completions echo, best_of and suffix. It
+// returns status 0 when the request passes.
 func llamaValidate(api apiKind, body map[string]json.RawMessage) (int, string) {
 	const e500 = fasthttp.StatusInternalServerError
 	switch api {
@@ -261,9 +283,10 @@ func llamaValidate(api apiKind, body map[string]json.RawMessage) (int, string) {
 		}
 	}
 	if api == apiChat {
-		var logprobs bool
-		if _, ok := body["top_logprobs"]; ok && !isNull(body["top_logprobs"]) {
-			if json.Unmarshal(body["logprobs"], &logprobs); !logprobs {
+		if !isNull(body["top_logprobs"]) {
+			var logprobs bool
+			_ = json.Unmarshal(body["logprobs"], &logprobs) // mistyped: false
+			if !logprobs {
 				return e500, "top_logprobs requires logprobs to be set to true"
 			}
 		}
@@ -308,15 +331,19 @@ func llamaCheckMessages(raw json.RawMessage) string {
 		switch {
 		case isNull(t), t[0] == '"':
 		case t[0] == '[':
-			var parts []struct {
-				Type json.RawMessage `json:"type"`
-			}
+			var parts []json.RawMessage
 			if json.Unmarshal(t, &parts) != nil {
 				return "Invalid 'content' type: expected string or array, got " + compactJSON(t) + ref
 			}
 			for _, p := range parts {
-				if string(p.Type) != `"text"` {
-					return "Unsupported content part type: " + compactJSON(p.Type)
+				var part struct {
+					Type json.RawMessage `json:"type"`
+				}
+				if json.Unmarshal(p, &part) != nil || part.Type == nil {
+					return "Missing content part type: " + compactJSON(p)
+				}
+				if string(part.Type) != `"text"` {
+					return "Unsupported content part type: " + compactJSON(part.Type)
 				}
 			}
 		default:
@@ -359,8 +386,8 @@ func llamaParseBody(b []byte) (map[string]json.RawMessage, error) {
 		what := "syntax error while parsing value - unexpected end of input; expected '[', '{', or a literal"
 		var se *json.SyntaxError
 		if errors.As(err, &se) && se.Offset < int64(len(b)) {
-			off = int(se.Offset) - 1
-			what = "syntax error while parsing value - invalid literal; last read: '" + string(b[max(off, 0):min(off+1, len(b))]) + "'"
+			off = max(int(se.Offset)-1, 0)
+			what = "syntax error while parsing value - invalid literal; last read: '" + string(b[off:min(off+1, len(b))]) + "'"
 		}
 		line, col := 1, 1
 		for _, c := range b[:off] {
@@ -529,29 +556,145 @@ var (
 	}
 )
 
+// llamaSlotTable is what /slots reports of each slot: the last task it
+// ran (its id, sampling parameters, prompt and progress) and whether it
+// runs one now. A slot keeps its last task's state when it goes idle
+// (cases slots_enabled_*). A task takes an idle slot whose cached prompt
+// matches more than half of the new one, else the idle slot used least
+// recently (server.cpp get_available_slot, slot_prompt_similarity 0.5;
+// checked against the same build: a new prompt goes to the never-used
+// slot). llama.cpp's similarity measure changed across versions (common
+// substring or prefix, over the cached or the new tokens); the simulator
+// uses the common prefix over the new prompt.
+type llamaSlotTable struct {
+	mu       sync.Mutex
+	slots    []llamaSlot
+	nextTask int64
+}
+
+// pick returns the idle slot for prompt, or -1.
+func (t *llamaSlotTable) pick(prompt []uint32) int {
+	best, bestLCP := -1, 0
+	for i, sl := range t.slots {
+		if sl.busy || !sl.used || len(prompt) == 0 {
+			continue
+		}
+		n := 0
+		for n < len(prompt) && n < len(sl.tokens) && prompt[n] == sl.tokens[n] {
+			n++
+		}
+		if 2*n > len(prompt) && n > bestLCP {
+			best, bestLCP = i, n
+		}
+	}
+	if best >= 0 {
+		return best
+	}
+	for i, sl := range t.slots {
+		if !sl.busy && (best < 0 || sl.idTask < t.slots[best].idTask) {
+			best = i // never used (idTask 0) first, then the oldest task
+		}
+	}
+	return best
+}
+
+type llamaSlot struct {
+	used   bool // has run a task
+	busy   bool
+	idTask int64
+	params llamaSampling
+	prompt string
+	tokens []uint32
+	start  time.Time // decoding started
+	total  int       // tokens the task produces
+	done   int       // tokens produced, once finished
+}
+
+// llamaOccupy puts job on an idle slot as its decoding starts and returns
+// a release that frees the slot too. With every slot busy (a persona
+// without a concurrency limit runs more tasks than slots) the task runs
+// on no slot.
+func (s *Sim) llamaOccupy(job *genJob, out *genOutcome, release func()) func() {
+	t := &s.lslots
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.slots) == 0 {
+		t.slots = make([]llamaSlot, s.llamaSlots())
+	}
+	job.slot = t.pick(job.prompt)
+	if job.slot < 0 {
+		return release
+	}
+	t.nextTask++
+	t.slots[job.slot] = llamaSlot{used: true, busy: true, idTask: t.nextTask, params: s.samplingFor(job),
+		prompt: s.tok.Decode(job.prompt), tokens: job.prompt, start: time.Now(), total: out.completionTokens}
+	id := job.slot
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			t.mu.Lock()
+			t.slots[id].busy = false
+			t.slots[id].done = t.slots[id].total
+			t.mu.Unlock()
+			release()
+		})
+	}
+}
+
+// snapshot copies the slots, with the running tasks' progress estimated
+// from the decode cost.
+func (t *llamaSlotTable) snapshot(n int, perToken time.Duration) []llamaSlot {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]llamaSlot, n)
+	copy(out, t.slots)
+	for i := range out {
+		if out[i].busy {
+			out[i].done = out[i].total
+			if perToken > 0 {
+				out[i].done = min(int(time.Since(out[i].start)/perToken), out[i].total)
+			}
+		}
+	}
+	return out
+}
+
 // writeSlot writes one slot object (/slots element, props
-// default_generation_settings). The simulator does not remember each
-// slot's last task: an idle slot shows the defaults.
-func (s *Sim) writeSlot(w *jw, id int, busy bool) {
-	w.obj().kint("id", int64(id)).kint("id_task", -1).kint("n_ctx", int64(s.llamaSlotCtx())).kbool("speculative", false).
-		kbool("is_processing", busy).kbool("non_causal", false).key("params")
-	llamaDefaultSampling().write(w)
-	w.kstr("prompt", "").key("next_token").obj().kbool("has_next_token", true).kbool("has_new_line", false).
-		kint("n_remain", -1).kint("n_decoded", 0).kstr("stopping_word", "").end().end()
+// default_generation_settings).
+func (s *Sim) writeSlot(w *jw, id int, sl llamaSlot) {
+	idTask, params := int64(-1), llamaDefaultSampling()
+	if sl.used {
+		idTask, params = sl.idTask, sl.params
+	}
+	w.obj().kint("id", int64(id)).kint("id_task", idTask).kint("n_ctx", int64(s.llamaSlotCtx())).kbool("speculative", false).
+		kbool("is_processing", sl.busy).kbool("non_causal", false).key("params")
+	params.write(w)
+	remain := -1
+	if sl.used && params.nPredict >= 0 {
+		remain = params.nPredict - sl.done
+	}
+	w.kstr("prompt", sl.prompt).key("next_token").obj().kbool("has_next_token", !sl.used || sl.busy).kbool("has_new_line", false).
+		kint("n_remain", int64(remain)).kint("n_decoded", int64(sl.done)).kstr("stopping_word", "").end().end()
 }
 
 // llamaServeSlots is GET /slots; with ?fail_on_no_slot it answers 503 "no
 // slot available" when every slot is busy (checked against the same build).
 func (s *Sim) llamaServeSlots(ctx *fasthttp.RequestCtx) {
-	busy := int(s.running.Load())
-	if ctx.QueryArgs().Has("fail_on_no_slot") && busy >= s.llamaSlots() {
+	slots := s.lslots.snapshot(s.llamaSlots(), s.cfg.DecodePerToken)
+	busy := 0
+	for _, sl := range slots {
+		if sl.busy {
+			busy++
+		}
+	}
+	if ctx.QueryArgs().Has("fail_on_no_slot") && busy == len(slots) {
 		s.writeError(ctx, nil, fasthttp.StatusServiceUnavailable, "no slot available", false)
 		return
 	}
 	w := &jw{}
 	w.arr()
-	for i := 0; i < s.llamaSlots(); i++ {
-		s.writeSlot(w, i, i < busy)
+	for i, sl := range slots {
+		s.writeSlot(w, i, sl)
 	}
 	w.aend()
 	ctx.SetContentType("application/json")
@@ -564,7 +707,7 @@ func (s *Sim) llamaServeSlots(ctx *fasthttp.RequestCtx) {
 func (s *Sim) llamaProps(ctx *fasthttp.RequestCtx) {
 	w := &jw{}
 	w.obj().key("default_generation_settings")
-	s.writeSlot(w, 0, false)
+	s.writeSlot(w, 0, llamaSlot{})
 	w.kint("total_slots", int64(s.llamaSlots())).kstr("model_path", s.cfg.Model).
 		kstr("chat_template", llamaChatMLTemplate).kstr("bos_token", "<s>").kstr("eos_token", "</s>").
 		kstr("build_info", llamacpp.CapturedBuildInfo).end()
@@ -811,7 +954,7 @@ func (s *Sim) renderLlamaFinal(w *jw, job *genJob, out *genOutcome, text string)
 	if out.finish == "length" {
 		stopType = "limit"
 	}
-	w.obj().kint("index", 0).kstr("content", text).key("tokens").arr().aend().kint("id_slot", 0).kbool("stop", true).
+	w.obj().kint("index", 0).kstr("content", text).key("tokens").arr().aend().kint("id_slot", int64(job.slot)).kbool("stop", true).
 		kstr("model", s.cfg.Model).kint("tokens_predicted", int64(out.completionTokens)).kint("tokens_evaluated", int64(out.promptTokens)).
 		key("generation_settings")
 	s.samplingFor(job).write(w)

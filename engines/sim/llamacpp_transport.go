@@ -30,8 +30,9 @@ import (
 //   - only as many connections as llama-server has HTTP threads are served
 //     at once (llamacpp.HTTPThreads of the persona's slots and this host's
 //     CPUs, as llama-server would size its pool here: 4 for two slots on two
-//     CPUs, the adapter's ServingConns): a further one is accepted by the
-//     kernel (listen backlog) but waits until a served one closes;
+//     CPUs; without a concurrency limit, the adapter's ServingConns): a
+//     further one is accepted by the kernel (listen backlog) but waits
+//     until a served one closes;
 //   - with the Nagle stall on, a non-streamed answer on a reused connection
 //     has its head written at once and its body llamacpp.ReusedConnStall
 //     later.
@@ -69,7 +70,12 @@ func newLlamaTransport(ctx context.Context, cfg Config) *llamaTransport {
 		t.stall = llamacpp.ReusedConnStall
 	}
 	if p.ServingConns > 0 {
-		t.policy.servingConns = llamacpp.HTTPThreads(max(cfg.MaxConcurrency, 1), runtime.NumCPU())
+		// A persona with slots (-np) sizes its pool as llama-server would
+		// on this host; one with unbounded concurrency has no -np and
+		// serves the adapter's figure, the captured launch's.
+		if cfg.MaxConcurrency > 0 {
+			t.policy.servingConns = llamacpp.HTTPThreads(cfg.MaxConcurrency, runtime.NumCPU())
+		}
 		t.serving = make(chan struct{}, t.policy.servingConns)
 	}
 	return t
@@ -114,7 +120,9 @@ func (l *llamaListener) Accept() (net.Conn, error) {
 	lc := &llamaConn{Conn: c, release: l.release}
 	// A connection that never sends a byte is closed after the idle time,
 	// silently (fasthttp's own first-request timeout would answer 408).
-	lc.silent = time.AfterFunc(l.t.idle, func() { _ = lc.Close() })
+	// The timer's func must not read lc.silent: it may run before the
+	// assignment below is visible to it.
+	lc.silent = time.AfterFunc(l.t.idle, func() { _ = lc.close() })
 	return lc, nil
 }
 
@@ -142,8 +150,13 @@ func (c *llamaConn) Read(p []byte) (int, error) {
 }
 
 func (c *llamaConn) Close() error {
+	c.silent.Stop()
+	return c.close()
+}
+
+// close closes the connection once and frees its serving slot.
+func (c *llamaConn) close() error {
 	c.closeOnce.Do(func() {
-		c.silent.Stop()
 		c.closeErr = c.Conn.Close()
 		c.release()
 	})
@@ -181,6 +194,9 @@ func (t *llamaTransport) finish(ctx *fasthttp.RequestCtx) {
 	// llama-server echoes the request's Origin, and sends the header empty
 	// when there is none.
 	h.SetBytesV("Access-Control-Allow-Origin", ctx.Request.Header.Peek("Origin"))
+	if ctx.IsHead() {
+		h.Set("Accept-Ranges", "bytes") // cpp-httplib's HEAD answer
+	}
 	if t.stall > 0 && ctx.ConnRequestNum() > 1 {
 		body := append([]byte(nil), ctx.Response.Body()...)
 		ctx.Response.SetBodyStream(&stalledBody{body: body, delay: t.stall, stop: t.stopping}, len(body))

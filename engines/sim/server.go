@@ -235,6 +235,9 @@ func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 	out := s.prefill(job)
 	out.queued = queued
 	s.generate(job, out)
+	if s.llama != nil {
+		release = s.llamaOccupy(job, out, release)
+	}
 	if rerr := s.afterPrefill(job, out); rerr != nil {
 		release()
 		s.writeError(ctx, &job.rec, rerr.status, rerr.text(s), false)

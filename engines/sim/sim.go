@@ -90,6 +90,7 @@ type Sim struct {
 	started time.Time
 	ready   time.Time       // llama.cpp answers "Loading model" before this
 	llama   *llamaTransport // llama.cpp's connection behaviour; nil for other personas
+	lslots  llamaSlotTable  // llama.cpp's slots
 
 	metrics  metrics
 	faults   faultState
