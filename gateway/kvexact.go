@@ -449,9 +449,26 @@ func (s *Server) kvSelfCheck(rt *ruleRuntime, obs *kvObservation) {
 	}
 	s.metrics.kvParity.WithLabelValues(rt.rule.Name, outcome).Inc()
 	if raised {
-		s.log.Error("kv-exact hash parity broken: the engine's cache reuse does not match the gateway's prediction; check kvHashSeed (PYTHONHASHSEED), kvBlockSize and the tokenizer",
+		s.log.Error("kv-exact hash parity broken: the engine's cache reuse does not match the gateway's prediction; "+rt.kv.parityHint(),
 			"rule", rt.rule.Name, "mismatches_in_a_row", parityThreshold, "last", detail)
 	}
+}
+
+// parityHint says what to check when the engine's cache does not match the
+// gateway's hashes. Events rejected as malformed are named first: their
+// blocks are missing from the inventory whatever the hash settings, so
+// blaming kvHashSeed would send the operator the wrong way.
+func (kv *kvRuntime) parityHint() string {
+	var batches, events uint64
+	for _, g := range kv.ingest {
+		st := g.State()
+		batches += st.Malformed
+		events += st.MalformedEvents
+	}
+	if batches > 0 || events > 0 {
+		return fmt.Sprintf("KV events were lost (%d malformed responses dropped whole, %d malformed events rejected; llmgw_kv_malformed_batches_total, llmgw_kv_malformed_events_total), so the inventory lacks what they said: fix the engine's event stream before suspecting kvHashSeed, kvBlockSize or the tokenizer", batches, events)
+	}
+	return "check kvHashSeed (PYTHONHASHSEED), kvBlockSize and the tokenizer"
 }
 
 func (kv *kvRuntime) endpointStatus(i int) *EndpointKVStatus {
@@ -460,7 +477,7 @@ func (kv *kvRuntime) endpointStatus(i int) *EndpointKVStatus {
 	return &EndpointKVStatus{
 		Ready: healthy && conn && inv, Healthy: healthy, EventsConnected: conn, InventoryOrProof: inv,
 		InventoryBlocks: kv.index.Blocks(i), Admission: st.Admission, LastSeq: st.LastSeq, Events: st.Events,
-		Resyncs: st.Resyncs, LastResyncReason: st.LastResyncReason, Malformed: st.Malformed, Dropped: st.Dropped,
+		Resyncs: st.Resyncs, LastResyncReason: st.LastResyncReason, Malformed: st.Malformed, MalformedEvents: st.MalformedEvents, Dropped: st.Dropped,
 	}
 }
 
@@ -534,7 +551,7 @@ func (kv *kvRuntime) canaryLoop(ctx context.Context, s *Server, r *rule.Rule) {
 				kv.canary[i].Store(true)
 				s.log.Info("kv canary proved hash parity", "rule", r.Name, "endpoint", ep.ID)
 			} else {
-				s.log.Warn("kv canary: the endpoint's published block hashes do not include the gateway's; check kvHashSeed (PYTHONHASHSEED), kvBlockSize and the tokenizer", "rule", r.Name, "endpoint", ep.ID)
+				s.log.Warn("kv canary: the endpoint's published block hashes do not include the gateway's; "+kv.parityHint(), "rule", r.Name, "endpoint", ep.ID)
 			}
 		}
 		t.Reset(canaryEvery)

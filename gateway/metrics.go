@@ -222,19 +222,20 @@ func (m *metrics) kvObserve(rule string, c *kvChoice) {
 }
 
 var (
-	descKVBlocks    = prometheus.NewDesc("llmgw_kv_inventory_blocks", "Blocks in an endpoint's KV inventory.", []string{"rule", "endpoint"}, nil)
-	descKVConnected = prometheus.NewDesc("llmgw_kv_events_connected", "1 while the endpoint's KV event stream is connected (TRT-LLM: polled and admitted).", []string{"rule", "endpoint"}, nil)
-	descKVEvents    = prometheus.NewDesc("llmgw_kv_events_total", "KV events applied to an endpoint's inventory.", []string{"rule", "endpoint"}, nil)
-	descKVResyncs   = prometheus.NewDesc("llmgw_kv_resyncs_total", "Inventory clears after a sequence gap, regression, publisher restart or AllBlocksCleared.", []string{"rule", "endpoint"}, nil)
-	descKVMalformed = prometheus.NewDesc("llmgw_kv_malformed_batches_total", "KV event batches dropped as malformed.", []string{"rule", "endpoint"}, nil)
-	descKVBroken    = prometheus.NewDesc("llmgw_kv_parity_broken", "1 when the self-check sees the engine's cache reuse disagree with the gateway's hashes.", []string{"rule"}, nil)
+	descKVBlocks          = prometheus.NewDesc("llmgw_kv_inventory_blocks", "Blocks in an endpoint's KV inventory.", []string{"rule", "endpoint"}, nil)
+	descKVConnected       = prometheus.NewDesc("llmgw_kv_events_connected", "1 while the endpoint's KV event stream is connected (TRT-LLM: polled and admitted).", []string{"rule", "endpoint"}, nil)
+	descKVEvents          = prometheus.NewDesc("llmgw_kv_events_total", "KV events applied to an endpoint's inventory.", []string{"rule", "endpoint"}, nil)
+	descKVResyncs         = prometheus.NewDesc("llmgw_kv_resyncs_total", "Inventory clears after a sequence gap, regression, publisher restart or AllBlocksCleared.", []string{"rule", "endpoint"}, nil)
+	descKVMalformed       = prometheus.NewDesc("llmgw_kv_malformed_batches_total", "KV event batches dropped as malformed.", []string{"rule", "endpoint"}, nil)
+	descKVMalformedEvents = prometheus.NewDesc("llmgw_kv_malformed_events_total", "Single KV events (TensorRT-LLM) rejected as malformed inside an otherwise valid drain response; the drain's other events were applied.", []string{"rule", "endpoint"}, nil)
+	descKVBroken          = prometheus.NewDesc("llmgw_kv_parity_broken", "1 when the self-check sees the engine's cache reuse disagree with the gateway's hashes.", []string{"rule"}, nil)
 )
 
 // kvCollector reads KV ingestion state at scrape time.
 type kvCollector struct{ s *Server }
 
 func (c *kvCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descKVBlocks, descKVConnected, descKVEvents, descKVResyncs, descKVMalformed, descKVBroken} {
+	for _, d := range []*prometheus.Desc{descKVBlocks, descKVConnected, descKVEvents, descKVResyncs, descKVMalformed, descKVMalformedEvents, descKVBroken} {
 		ch <- d
 	}
 }
@@ -266,6 +267,7 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descKVEvents, prometheus.CounterValue, float64(st.Events), n, ep.ID)
 			ch <- prometheus.MustNewConstMetric(descKVResyncs, prometheus.CounterValue, float64(st.Resyncs), n, ep.ID)
 			ch <- prometheus.MustNewConstMetric(descKVMalformed, prometheus.CounterValue, float64(st.Malformed), n, ep.ID)
+			ch <- prometheus.MustNewConstMetric(descKVMalformedEvents, prometheus.CounterValue, float64(st.MalformedEvents), n, ep.ID)
 		}
 	}
 }
