@@ -106,10 +106,10 @@ func newMetrics(s *Server) *metrics {
 	}, []string{"rule"})
 	reg.MustRegister(m.pdRequests, m.pdPrefillDuration, m.pdDecodeTTFT, m.pdKVParams, m.pdEarlyExit)
 	m.kvHits = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_kv_hits_total", Help: "KV-exact decisions that routed to an endpoint holding a prefix of the request.",
+		Name: "llmgw_kv_hits_total", Help: "KV-exact decisions that routed to an endpoint holding at least the rule's kvHitMinShare of the prompt's blocks.",
 	}, []string{"rule", "endpoint"})
 	m.kvMisses = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_kv_misses_total", Help: "KV-exact decisions that fell back to the rule's policy, by reason (tokenize, short, no_match, not_ready, overloaded, spill).",
+		Name: "llmgw_kv_misses_total", Help: "KV-exact decisions that were not hits, by reason: fell back to the rule's policy (tokenize, short, no_match, not_ready, overloaded), or chose an endpoint holding no block (spill) or less than kvHitMinShare of them (partial).",
 	}, []string{"rule", "reason"})
 	m.kvMatched = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "llmgw_kv_matched_blocks", Help: "Prefix blocks the chosen endpoint held, per KV-exact decision.",
@@ -211,7 +211,7 @@ func breakerValue(s upstream.BreakerState) int { return int(s) }
 
 // kvObserve records one KV-exact decision.
 func (m *metrics) kvObserve(rule string, c *kvChoice) {
-	if c.ep != nil && c.matched > 0 {
+	if c.ep != nil && c.hit {
 		m.kvHits.WithLabelValues(rule, c.ep.ID).Inc()
 	} else {
 		m.kvMisses.WithLabelValues(rule, c.reason).Inc()

@@ -15,6 +15,10 @@ const (
 	DefaultPDBootstrapPort = 8998
 	DefaultKVHashSeed      = "0"
 	DefaultKVEngineType    = "vllm"
+	// DefaultKVHitMinShare: a KV-exact decision is a hit when the chosen
+	// endpoint holds at least half of the prompt's full blocks. One block
+	// of a shared system preamble is not a hit.
+	DefaultKVHitMinShare = 0.5
 
 	DefaultCBFailures       = 5
 	DefaultCBFailuresPD     = 3
@@ -78,6 +82,10 @@ func (r *Rule) Clone() *Rule {
 		b := *r.CBEnable
 		c.CBEnable = &b
 	}
+	if r.KVHitMinShare != nil {
+		v := *r.KVHitMinShare
+		c.KVHitMinShare = &v
+	}
 	if r.BackendTLS != nil {
 		t := *r.BackendTLS
 		c.BackendTLS = &t
@@ -131,6 +139,10 @@ func (r *Rule) Effective() *Rule {
 	}
 	if e.KVDpRankCount == 0 {
 		e.KVDpRankCount = DefaultKVDpRankCount
+	}
+	if e.KVHitMinShare == nil && (e.KVExactMode == 1 || e.KVExactMode == 3) {
+		v := DefaultKVHitMinShare
+		e.KVHitMinShare = &v
 	}
 	if e.PDBootstrapPort == 0 && e.PDDisaggMode && e.KVEngineType == "sglang" {
 		e.PDBootstrapPort = DefaultPDBootstrapPort
