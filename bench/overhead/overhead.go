@@ -24,6 +24,7 @@ import (
 
 	"github.com/llmgw/llmgw/bench/loadgen"
 	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all"
 	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
@@ -170,6 +171,17 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// releaseBetweenSlices: the engine serves a bounded number of connections
+// (engines.ConnPolicy.ServingConns, llama.cpp), so the load client closes
+// its idle connections at the end of each target's turn.
+func (c Config) releaseBetweenSlices() bool {
+	if c.Engine == "" {
+		return false
+	}
+	a, err := engines.For(c.Engine)
+	return err == nil && a.Conn().ServingConns > 0
 }
 
 func slicesContains(list []string, s string) bool {
