@@ -14,8 +14,10 @@ all: build
 demo:
 	./scripts/demo.sh
 
+# build stamps the VCS commit and time into the binary (llmgw --version),
+# whatever GOFLAGS says about -buildvcs.
 build:
-	$(GO) build -o bin/llmgw ./cmd/llmgw
+	$(GO) build -buildvcs=auto -o bin/llmgw ./cmd/llmgw
 
 # test = lint + the default suite. Gateway packages run under the race
 # detector; the rest run without it to keep the suite fast on 2 cores. The

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -68,6 +69,13 @@ func (s *Server) adminHandler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
+	if s.cfg.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", s.mutating(pprof.Index))
+		mux.HandleFunc("GET /debug/pprof/cmdline", s.mutating(pprof.Cmdline))
+		mux.HandleFunc("GET /debug/pprof/profile", s.mutating(pprof.Profile))
+		mux.HandleFunc("GET /debug/pprof/symbol", s.mutating(pprof.Symbol))
+		mux.HandleFunc("GET /debug/pprof/trace", s.mutating(pprof.Trace))
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeAdminError(w, fmt.Errorf("%w: %s %s", ErrNotFound, r.Method, r.URL.Path))
 	})

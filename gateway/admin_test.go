@@ -290,3 +290,37 @@ func runChildGateway(dir string) {
 	fmt.Printf("{\"Data\":%q,\"Admin\":%q}\n", s.Addr(), s.AdminAddr())
 	select {} // until killed
 }
+
+// TestPprof: profiles are off by default, served with --pprof, and behind
+// the admin token when one is set.
+func TestPprof(t *testing.T) {
+	c := newClient(t)
+	for _, tc := range []struct {
+		name        string
+		pprof       bool
+		token, sent string
+		want        int
+	}{
+		{"off by default", false, "", "", 404},
+		{"on without a token", true, "", "", 200},
+		{"on, token set, none sent", true, "s3cret", "", 401},
+		{"on, token set and sent", true, "s3cret", "s3cret", 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startGateway(t, "", func(cfg *Config) { cfg.Pprof, cfg.AdminToken = tc.pprof, tc.token })
+			req, _ := http.NewRequest("GET", "http://"+s.AdminAddr()+"/debug/pprof/cmdline", nil)
+			if tc.sent != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.sent)
+			}
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("GET /debug/pprof/cmdline = %d; want %d", resp.StatusCode, tc.want)
+			}
+		})
+	}
+}

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/internal/procgroup"
 )
 
 // BenchmarkOverhead compares, in one run, a fixed-response worker reached
@@ -160,6 +162,7 @@ http {
 		b.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-c", path, "-p", dir)
+	procgroup.Prepare(cmd)
 	if err := cmd.Start(); err != nil {
 		b.Logf("nginx failed to start: %v", err)
 		return "", nil
@@ -171,12 +174,22 @@ http {
 			break
 		}
 		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			cmd.Wait()
+			stopGroup(b, cmd)
 			b.Log("nginx did not listen in time")
 			return "", nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return addr, func() { cmd.Process.Kill(); cmd.Wait() }
+	return addr, func() { stopGroup(b, cmd) }
+}
+
+// stopGroup kills nginx's master and its forked workers, and reaps the
+// master.
+func stopGroup(b *testing.B, cmd *exec.Cmd) {
+	reaped := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(reaped) }()
+	if err := procgroup.Kill(cmd, 5*time.Second); err != nil {
+		b.Error(err)
+	}
+	<-reaped
 }

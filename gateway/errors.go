@@ -45,6 +45,8 @@ var (
 	ErrUpstreamUnreachable = errors.New("gateway: backend unreachable")
 	// ErrUpstreamTimeout: the worker did not answer in time (504).
 	ErrUpstreamTimeout = errors.New("gateway: backend timed out")
+	// ErrServerClosed: the gateway is shutting down (503).
+	ErrServerClosed = errors.New("gateway: server closed")
 	// ErrUpstreamFailed: the worker's answer could not be read (502).
 	ErrUpstreamFailed = errors.New("gateway: backend response failed")
 )
@@ -102,6 +104,8 @@ func statusFor(err error) (status int, typ, code string) {
 		return fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large"
 	case errors.Is(err, ErrRequestTimeout):
 		return fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout"
+	case errors.Is(err, ErrServerClosed):
+		return fasthttp.StatusServiceUnavailable, "server_error", "server_shutting_down"
 	case errors.Is(err, ErrNoEndpoint):
 		return fasthttp.StatusServiceUnavailable, "server_error", "no_available_endpoint"
 	// A dial error is tested before timeouts: a connect timeout is a

@@ -48,6 +48,10 @@ type Config struct {
 	// LogPayloads logs prompt and completion bodies at debug level. Off by
 	// default: payloads may carry personal data.
 	LogPayloads bool
+	// Pprof serves net/http/pprof at /debug/pprof/ on the admin listener.
+	// Off by default; when AdminToken is set, every profile request needs
+	// it (a heap profile shows what the process holds).
+	Pprof bool
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -235,8 +239,11 @@ func (s *Server) Close() error {
 	if s.cancel != nil {
 		s.cancel()
 	}
-	s.wg.Wait()
+	// Shut down here too, not only from Start's context goroutine: when
+	// Start failed half-way that goroutine never ran, and wg.Wait would
+	// wait on a data listener nobody stops.
 	s.shutdown()
+	s.wg.Wait()
 	return nil
 }
 
@@ -261,6 +268,11 @@ func (s *Server) shutdown() {
 	s.mu.Unlock()
 	for _, l := range lns {
 		_ = l.srv.ShutdownWithContext(timeoutCtx(5 * time.Second))
+		// fasthttp's Shutdown closes only the listeners its Serve has
+		// registered; a Serve goroutine that has not run yet would start
+		// serving after it. Closing the listener ourselves makes that
+		// Serve return at once (a start-up race that hung Close).
+		_ = l.ln.Close()
 	}
 	for _, rt := range rts {
 		rt.stop()
@@ -283,6 +295,10 @@ func timeoutCtx(d time.Duration) context.Context {
 func (s *Server) ensureListener(key string) (*dataListener, error) {
 	if l := s.listeners[key]; l != nil {
 		return l, nil
+	}
+	if s.closed.Load() {
+		// A listener bound now would never be shut down.
+		return nil, fmt.Errorf("gateway: listen %q: %w", key, ErrServerClosed)
 	}
 	addr := key
 	if key == "" {

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -298,4 +300,54 @@ func TestLLMGWProcessTarget(t *testing.T) {
 	if r == nil || r.Skipped != "" || r.Requests != cfg.MaxRequests || r.Errors != 0 {
 		t.Fatalf("llmgw-proc result %+v; want %d requests without errors", r, cfg.MaxRequests)
 	}
+}
+
+// TestStopLeavesNoProxyProcess starts each installed reference proxy and
+// checks that stop leaves no process of its group: nginx forks workers that
+// outlive a master killed alone, holding the port.
+func TestStopLeavesNoProxyProcess(t *testing.T) {
+	for _, kind := range []string{"nginx", "haproxy"} {
+		t.Run(kind, func(t *testing.T) {
+			p, err := startProxy(context.Background(), kind, "127.0.0.1:1")
+			if errors.Is(err, ErrNotInstalled) {
+				if os.Getenv("CI") == "true" {
+					t.Fatalf("%s not installed under CI=true (make bench-deps)", kind)
+				}
+				t.Skipf("%s not installed (make bench-deps)", kind)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			pgid := p.cmd.Process.Pid
+			p.stop()
+			if members := groupMembers(pgid); len(members) > 0 {
+				t.Fatalf("%s left processes of group %d after stop: %v", kind, pgid, members)
+			}
+			if c, err := net.Dial("tcp", p.addr); err == nil {
+				c.Close()
+				t.Fatalf("%s still accepts on %s after stop", kind, p.addr)
+			}
+		})
+	}
+}
+
+// groupMembers lists the live (non-zombie) processes of group pgid.
+func groupMembers(pgid int) []string {
+	var out []string
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := bytes.Fields(b[i+1:])
+		if len(f) >= 3 && string(f[0]) != "Z" && string(f[2]) == strconv.Itoa(pgid) {
+			out = append(out, string(b[:i+1]))
+		}
+	}
+	return out
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/internal/procgroup"
 )
 
 // ErrNotInstalled reports that a reference proxy's binary is not on PATH
@@ -21,18 +22,30 @@ var ErrNotInstalled = errors.New("overhead: proxy not installed")
 // proxy is a running reference proxy process.
 type proxy struct {
 	addr string
-	proc *os.Process
+	cmd  *exec.Cmd
 	dir  string
 	// exited receives the process's Wait result; one goroutine owns Wait.
 	exited chan error
 }
 
-// stop kills the proxy process this package started (by its own handle,
-// never by name), waits for it and removes its files.
+// stop kills the process group this package started (by its own handle,
+// never by name: nginx's and HAProxy's forked workers included), waits for
+// it and removes its files.
 func (p *proxy) stop() {
-	_ = p.proc.Kill()
-	<-p.exited
+	killGroup(p.cmd, p.exited)
 	os.RemoveAll(p.dir)
+}
+
+// killGroup kills cmd's whole process group and reaps cmd (whose Wait result
+// arrives on exited). A group member that survives is reported on stderr:
+// the caller cannot do more, and a silent leftover would hold its port.
+func killGroup(cmd *exec.Cmd, exited <-chan error) {
+	done := make(chan error, 1)
+	go func() { done <- procgroup.Kill(cmd, 5*time.Second) }()
+	<-exited
+	if err := <-done; err != nil {
+		fmt.Fprintln(os.Stderr, "overhead:", err)
+	}
 }
 
 // freeLoopbackAddr asks the kernel for a free loopback port. The proxies
@@ -185,6 +198,7 @@ func startProxy(ctx context.Context, kind, upstream string) (*proxy, error) {
 // dir.
 func startProcess(ctx context.Context, kind, bin string, args []string, listen, dir, banner string) (*proxy, error) {
 	cmd := exec.Command(bin, args...)
+	procgroup.Prepare(cmd)
 	out, err := os.Create(filepath.Join(dir, "output.log"))
 	if err != nil {
 		os.RemoveAll(dir)
@@ -205,7 +219,7 @@ func startProcess(ctx context.Context, kind, bin string, args []string, listen, 
 		if c, err := net.Dial("tcp", listen); err == nil {
 			c.Close()
 			if banner == "" || logHas(filepath.Join(dir, "output.log"), banner) {
-				return &proxy{addr: listen, proc: cmd.Process, dir: dir, exited: exited}, nil
+				return &proxy{addr: listen, cmd: cmd, dir: dir, exited: exited}, nil
 			}
 		}
 		select {
@@ -214,13 +228,11 @@ func startProcess(ctx context.Context, kind, bin string, args []string, listen, 
 			os.RemoveAll(dir)
 			return nil, fmt.Errorf("overhead: %s exited before listening (%v): %s", kind, err, log)
 		case <-deadline:
-			_ = cmd.Process.Kill()
-			<-exited
+			killGroup(cmd, exited)
 			os.RemoveAll(dir)
 			return nil, fmt.Errorf("overhead: %s not listening on %s after 5s", kind, listen)
 		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			<-exited
+			killGroup(cmd, exited)
 			os.RemoveAll(dir)
 			return nil, fmt.Errorf("overhead: starting %s: %w", kind, ctx.Err())
 		case <-tick.C:

@@ -41,7 +41,7 @@ func (Adapter) Conn() engines.ConnPolicy {
 		CloseAfterStream:   true,
 		IdleTimeout:        IdleTimeout,
 		MaxRequestsPerConn: MaxRequestsPerConn,
-		ServingConns:       4,
+		ServingConns:       HTTPThreads(2, 2), // the captured -np 2 on 2 vCPUs: 4
 		ReusedConnStall:    true,
 	}
 }
@@ -123,6 +123,19 @@ func (Adapter) KV() *engines.KVContract { return nil }
 
 // PD: llama.cpp has no prefill/decode disaggregation.
 func (Adapter) PD() engines.PDProtocol { return nil }
+
+// HTTPThreads is the size of llama-server's HTTP thread pool when
+// --threads-http is not given: max(n_parallel+2, hardware threads-1)
+// (examples/server/server.cpp at c392e50). Each thread serves one
+// connection for its whole keep-alive life, so this many connections are
+// served at once; the captures' "-np 2" on 2 vCPUs logged "http threads:
+// 4".
+func HTTPThreads(nParallel, hwThreads int) int { return max(nParallel+2, hwThreads-1) }
+
+// CapturedBuildInfo is the build_info (and system_fingerprint) the captured
+// build reports: it was built without git metadata. The catalog pins b7800;
+// the captures, and so the simulator's persona, are of c392e50.
+const CapturedBuildInfo = "b0-unknown"
 
 // ReusedConnStall is the delay between the response head and the body of
 // a non-streamed answer on a reused keep-alive connection: 43.8 ms median

@@ -97,8 +97,11 @@ func (rc *rawConn) send(method, path string, headers map[string]string, body str
 	}
 }
 
-// read reads one response; method is the request's (HEAD has no body).
+// read reads one response.
 func (rc *rawConn) read() (*rawResponse, error) {
+	if err := rc.c.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		return nil, err
+	}
 	return readResponse(rc.br)
 }
 

@@ -95,6 +95,15 @@ type Config struct {
 	// (health 503, inference refused) for this long after Start; 0 = ready
 	// at once. Other engines are not listening until loaded, so they ignore it.
 	LoadingFor time.Duration
+	// EnableMetrics and EnableSlots are llama-server's --metrics and
+	// --slots: without them a llama.cpp persona answers /metrics and /slots
+	// with 501 not_supported_error. Other personas always serve /metrics.
+	EnableMetrics bool
+	EnableSlots   bool
+	// Embeddings is llama-server's --embeddings --pooling mean: the
+	// persona serves /v1/embeddings and refuses completions with 501.
+	// Other personas ignore it.
+	Embeddings bool
 	// IdleTimeout is how long a llama.cpp persona keeps an idle keep-alive
 	// connection (and one that never sent a request) before closing it;
 	// 0 means the engine's own (llamacpp.IdleTimeout, 5 s). Tests shorten

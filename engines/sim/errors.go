@@ -13,19 +13,30 @@ import (
 //	TRT-LLM   the SGLang-like flat object; request validation errors are
 //	          {"error":"<message>"} (validation=true)
 //	llama.cpp {"error":{"code","message","type"}}
+//
+// validation marks a request the framework's request validation rejected
+// (FastAPI's RequestValidationError: a body that is not JSON, a missing or
+// mistyped field) as opposed to one the engine's serving code refused.
+// vLLM and SGLang type the former with the HTTP status phrase ("Bad
+// Request") and the latter "BadRequestError"; see the err_malformed_json
+// fixtures under engines/<engine>/testdata/cases.
 func (s *Sim) errorBody(status int, msg string, validation bool) []byte {
 	w := jw{b: make([]byte, 0, 96+len(msg))}
+	typ := pythonErrorType(status)
+	if validation && status == fasthttp.StatusBadRequest {
+		typ = "Bad Request"
+	}
 	switch s.cfg.Engine {
 	case engines.VLLM:
-		w.obj().key("error").obj().kstr("message", msg).kstr("type", pythonErrorType(status)).knull("param").kint("code", int64(status)).end().end()
+		w.obj().key("error").obj().kstr("message", msg).kstr("type", typ).knull("param").kint("code", int64(status)).end().end()
 	case engines.TRTLLM:
 		if validation {
 			w.obj().kstr("error", msg).end()
 			break
 		}
-		fallthrough
-	case engines.SGLang:
 		w.obj().kstr("object", "error").kstr("message", msg).kstr("type", pythonErrorType(status)).knull("param").kint("code", int64(status)).end()
+	case engines.SGLang:
+		w.obj().kstr("object", "error").kstr("message", msg).kstr("type", typ).knull("param").kint("code", int64(status)).end()
 	case engines.LlamaCpp:
 		w.obj().key("error").obj().kint("code", int64(status)).kstr("message", msg).kstr("type", llamaErrorType(status)).end().end()
 	}
@@ -126,9 +137,5 @@ func (s *Sim) notFound(ctx *fasthttp.RequestCtx) {
 func (s *Sim) methodNotAllowed(ctx *fasthttp.RequestCtx) {
 	ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
 	ctx.SetContentType("application/json")
-	if s.cfg.Engine == engines.LlamaCpp {
-		ctx.SetBodyString(`{"error":{"code":405,"message":"Method Not Allowed","type":"invalid_request_error"}}`)
-		return
-	}
 	ctx.SetBodyString(`{"detail":"Method Not Allowed"}`)
 }

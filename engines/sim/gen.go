@@ -31,6 +31,8 @@ type genJob struct {
 	remoteTokens int
 	rec          Receipt
 	pd           pdState
+	// truncated: llama.cpp cut the prompt to fit its slot's context.
+	truncated bool
 }
 
 // genOutcome is what the simulated engine computed for a job.

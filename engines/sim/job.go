@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
 // trtKnownFields are the top-level request fields trtllm-serve's pydantic
@@ -44,7 +45,22 @@ func (s *Sim) buildJob(ctx *fasthttp.RequestCtx, api apiKind, req *genRequest, r
 	}
 	explicit := req.MaxTokens != nil || req.MaxCompletionTokens != nil ||
 		(req.SamplingParams != nil && req.SamplingParams.MaxNewTokens != nil)
-	if explicit && job.max < 1 && !(api == apiGenerate && job.max == 0) {
+	switch {
+	case s.cfg.Engine == engines.LlamaCpp:
+		// n_predict wins over max_tokens (case n_predict_wins). llama-server
+		// samples one token before it checks the budget: 0 gives 1 token,
+		// finish "length" (case max_tokens_0); a negative budget is
+		// unlimited.
+		if req.NPredict != nil {
+			job.max, explicit = max(*req.NPredict, -1), true
+		}
+		if job.max < -1 {
+			job.max = -1
+		}
+		if explicit && job.max == 0 {
+			job.max = 1
+		}
+	case explicit && job.max < 1 && !(api == apiGenerate && job.max == 0):
 		return nil, engineBadRequest("max_tokens must be at least 1, got %d.", job.max)
 	}
 	var err error
@@ -54,7 +70,13 @@ func (s *Sim) buildJob(ctx *fasthttp.RequestCtx, api apiKind, req *genRequest, r
 		// server's prompt token ids.
 		job.prompt = append([]uint32(nil), req.PromptTokenIDs...)
 	case api == apiChat:
-		msgs, perr := parseMessages(req.Messages)
+		var msgs []tokenizer.Message
+		var perr error
+		if s.cfg.Engine == engines.LlamaCpp {
+			msgs = llamaMessages(req.Messages) // checked by llamaValidate
+		} else {
+			msgs, perr = parseMessages(req.Messages)
+		}
 		if perr != nil {
 			return nil, badRequest(perr)
 		}
@@ -83,13 +105,13 @@ func (s *Sim) buildJob(ctx *fasthttp.RequestCtx, api apiKind, req *genRequest, r
 		}
 		job.prompt = s.promptTokens(p)
 	}
-	if len(job.prompt) == 0 {
+	// llama-server accepts an empty prompt (its BOS alone).
+	if len(job.prompt) == 0 && s.cfg.Engine != engines.LlamaCpp {
 		return nil, badRequest(fmt.Errorf("%w: the prompt is empty", errBadRequest))
 	}
-	if len(job.prompt) >= maxModelLen {
-		if s.cfg.Engine == engines.LlamaCpp {
-			return nil, badRequest(fmt.Errorf("%w: the request exceeds the available context size, try increasing it", errBadRequest))
-		}
+	if s.cfg.Engine == engines.LlamaCpp {
+		s.llamaTruncate(job)
+	} else if len(job.prompt) >= maxModelLen {
 		return nil, engineBadRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxModelLen, len(job.prompt))
 	}
 	job.rec = *rec
@@ -111,14 +133,16 @@ func (s *Sim) promptTokens(p promptInput) []uint32 {
 
 // includeUsage reports whether a stream ends with a usage chunk. vLLM's
 // StreamOptions defaults include_usage to true once stream_options is
-// present at all; the other engines follow OpenAI (false unless set).
+// present at all, and TensorRT-LLM copied that model; SGLang and llama.cpp
+// follow OpenAI (false unless set). See the chat_stream_options_empty
+// fixtures under engines/<engine>/testdata/cases.
 func (s *Sim) includeUsage(req *genRequest) bool {
 	so := req.StreamOptions
 	if so == nil {
 		return false
 	}
 	if so.IncludeUsage == nil {
-		return s.cfg.Engine == engines.VLLM
+		return s.cfg.Engine == engines.VLLM || s.cfg.Engine == engines.TRTLLM
 	}
 	return *so.IncludeUsage
 }

@@ -1,9 +1,11 @@
 package sim
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -25,9 +27,11 @@ import (
 //   - an idle keep-alive connection, and a connection that never sent a
 //     byte, is closed (FIN, no answer) after the idle timeout; a connection
 //     with a partial request is not;
-//   - only ServingConns connections are served at once (one per HTTP
-//     thread): a further one is accepted by the kernel (listen backlog) but
-//     waits until a served one closes;
+//   - only as many connections as llama-server has HTTP threads are served
+//     at once (llamacpp.HTTPThreads of the persona's slots and this host's
+//     CPUs, as llama-server would size its pool here: 4 for two slots on two
+//     CPUs, the adapter's ServingConns): a further one is accepted by the
+//     kernel (listen backlog) but waits until a served one closes;
 //   - with the Nagle stall on, a non-streamed answer on a reused connection
 //     has its head written at once and its body llamacpp.ReusedConnStall
 //     later.
@@ -40,20 +44,20 @@ type llamaTransport struct {
 }
 
 // llamaConnPolicy is the part of the adapter's ConnPolicy the persona
-// enforces.
+// enforces with settings; its CloseAfterStream holds by construction:
+// llamaStream writes every stream on the hijacked connection, which is
+// closed after it.
 type llamaConnPolicy struct {
-	closeAfterStream bool
-	maxRequests      int
-	servingConns     int
+	maxRequests  int
+	servingConns int
 }
 
 func newLlamaTransport(ctx context.Context, cfg Config) *llamaTransport {
 	p := llamacpp.Adapter{}.Conn()
 	t := &llamaTransport{
 		policy: llamaConnPolicy{
-			closeAfterStream: p.CloseAfterStream,
-			maxRequests:      p.MaxRequestsPerConn,
-			servingConns:     p.ServingConns,
+			maxRequests:  p.MaxRequestsPerConn,
+			servingConns: p.ServingConns,
 		},
 		idle:     p.IdleTimeout,
 		stopping: ctx.Done(),
@@ -65,7 +69,8 @@ func newLlamaTransport(ctx context.Context, cfg Config) *llamaTransport {
 		t.stall = llamacpp.ReusedConnStall
 	}
 	if p.ServingConns > 0 {
-		t.serving = make(chan struct{}, p.ServingConns)
+		t.policy.servingConns = llamacpp.HTTPThreads(max(cfg.MaxConcurrency, 1), runtime.NumCPU())
+		t.serving = make(chan struct{}, t.policy.servingConns)
 	}
 	return t
 }
@@ -154,11 +159,20 @@ func (t *llamaTransport) keepAlive() string {
 // finish applies the transport policy to the answer the persona built.
 func (t *llamaTransport) finish(ctx *fasthttp.RequestCtx) {
 	if ctx.Hijacked() {
-		return // a crash fault writes its own bytes
+		return // a stream (or a crash fault) writes its own head
 	}
 	h := &ctx.Response.Header
-	closing := ctx.Request.Header.ConnectionClose() ||
-		(t.policy.maxRequests > 0 && ctx.ConnRequestNum() >= uint64(t.policy.maxRequests))
+	// llama-server's header set: no request id, no Cache-Control, and its
+	// own Content-Types.
+	h.Del("X-Request-Id")
+	h.Del("Cache-Control")
+	switch string(h.ContentType()) {
+	case "application/json":
+		h.SetContentType("application/json; charset=utf-8")
+	case "text/event-stream; charset=utf-8":
+		h.SetContentType("text/event-stream")
+	}
+	closing := t.closing(ctx)
 	if !closing {
 		// The advertised timeout is whole seconds, as llama-server prints
 		// it; a shortened test idle time still advertises what it enforces.
@@ -167,14 +181,6 @@ func (t *llamaTransport) finish(ctx *fasthttp.RequestCtx) {
 	// llama-server echoes the request's Origin, and sends the header empty
 	// when there is none.
 	h.SetBytesV("Access-Control-Allow-Origin", ctx.Request.Header.Peek("Origin"))
-	if ctx.Response.IsBodyStream() {
-		if t.policy.closeAfterStream && !closing {
-			// Hijacking after the answer is written closes the connection
-			// once the final chunk is out, with no Connection header.
-			ctx.Hijack(func(net.Conn) {})
-		}
-		return
-	}
 	if t.stall > 0 && ctx.ConnRequestNum() > 1 {
 		body := append([]byte(nil), ctx.Response.Body()...)
 		ctx.Response.SetBodyStream(&stalledBody{body: body, delay: t.stall, stop: t.stopping}, len(body))
@@ -210,4 +216,76 @@ func (b *stalledBody) Read(p []byte) (int, error) {
 	n := copy(p, b.body)
 	b.body = b.body[n:]
 	return n, nil
+}
+
+// llamaStream writes a streamed answer the way llama-server does: its
+// header set in its order, one HTTP chunk per SSE event, the final
+// 0-length chunk, and then the connection is closed (the hijacked
+// connection is closed when this handler returns), whatever the
+// Keep-Alive header said.
+func (s *Sim) llamaStream(ctx *fasthttp.RequestCtx, job *genJob, out *genOutcome, chunks []sseChunk, release func()) {
+	head := s.llama.streamHead(ctx)
+	// The slot is free before the final event is sent, as llama-server
+	// releases it before it sends the final result: a /slots or /metrics
+	// read after the stream sees it idle.
+	tokens := len(chunks)
+	for tokens > 0 && !chunks[tokens-1].token {
+		tokens--
+	}
+	ctx.HijackSetNoResponse(true)
+	s.wg.Add(1)
+	ctx.Hijack(func(c net.Conn) {
+		defer s.wg.Done()
+		released := false
+		free := func() {
+			if !released {
+				released = true
+				release()
+			}
+		}
+		defer free()
+		bw := bufio.NewWriter(c)
+		if _, err := bw.Write(head); err != nil {
+			return
+		}
+		// One Write per event, so one chunk per event.
+		w := bufio.NewWriterSize(&chunkedWriter{w: bw}, 1)
+		n := s.streamChunks(w, out, chunks[:tokens], -1)
+		if n == tokens {
+			free()
+			n += s.streamChunks(w, out, chunks[tokens:], -1)
+		}
+		if n != len(chunks) {
+			out.finish = "abort"
+		}
+		// Accounted before the terminator, so a client that read the
+		// whole answer finds its receipt.
+		s.metrics.finished(out.finish)
+		s.receipts.add(job.rec)
+		if n == len(chunks) {
+			_, _ = bw.WriteString("0\r\n\r\n")
+			_ = bw.Flush()
+		}
+	})
+}
+
+// streamHead is the head of a streamed answer, in llama-server's header
+// order (cases chat_stream, chat_stream_connection_close).
+func (t *llamaTransport) streamHead(ctx *fasthttp.RequestCtx) []byte {
+	head := []byte("HTTP/1.1 200 OK\r\n")
+	if t.closing(ctx) {
+		head = append(head, "Connection: close\r\n"...)
+	} else {
+		head = append(head, "Keep-Alive: "+t.keepAlive()+"\r\n"...)
+	}
+	head = append(head, "Content-Type: text/event-stream\r\nServer: llama.cpp\r\nTransfer-Encoding: chunked\r\nAccess-Control-Allow-Origin: "...)
+	head = append(head, ctx.Request.Header.Peek("Origin")...)
+	return append(head, "\r\n\r\n"...)
+}
+
+// closing reports whether this answer ends the connection: the request
+// asked for it, or it is the last one the connection may carry.
+func (t *llamaTransport) closing(ctx *fasthttp.RequestCtx) bool {
+	return ctx.Request.Header.ConnectionClose() ||
+		(t.policy.maxRequests > 0 && ctx.ConnRequestNum() >= uint64(t.policy.maxRequests))
 }

@@ -93,6 +93,16 @@ func (p *promWriter) counter(name, help string, v float64) {
 	p.sample(name+"_total", "", v)
 }
 
+// pyCounter writes a counter the way Python's prometheus_client exposes it
+// in text format 0.0.4: the HELP and TYPE lines carry the sample name with
+// its _total suffix (prometheus/client_python exposition.generate_latest;
+// see the metrics fixtures under engines/<engine>/testdata/cases). name
+// includes the suffix.
+func (p *promWriter) pyCounter(name, help string, v float64) {
+	p.family(name, "counter", help)
+	p.sample(name, "", v)
+}
+
 func (p *promWriter) ttft(s *Sim, name string) {
 	p.family(name, "histogram", "Histogram of time to first token in seconds.")
 	for i, b := range ttftBuckets {
@@ -112,25 +122,26 @@ func (s *Sim) renderMetrics() []byte {
 	p := &promWriter{}
 	switch s.cfg.Engine {
 	case engines.VLLM:
-		// Both the current and the pre-0.12 names, as routers read either.
+		// vLLM v1's PrometheusStatLogger series, labelled (model_name,
+		// engine). The pre-0.12 gpu_ aliases are hidden by default since
+		// vLLM PR #29330, so they are not exposed.
 		p.labels = `engine="0",model_name="` + s.cfg.Model + `"`
 		p.gauge("vllm:num_requests_running", "Number of requests in model execution batches.", running)
 		p.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting)
 		p.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
-		p.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", usage)
-		p.counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", float64(m.prefixQueries.Load()))
-		p.counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", float64(m.prefixHits.Load()))
-		p.counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried tokens.", float64(m.prefixQueries.Load()))
-		p.counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached tokens.", float64(m.prefixHits.Load()))
-		p.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", float64(m.promptTokens.Load()))
-		p.counter("vllm:generation_tokens", "Number of generation tokens processed.", float64(m.generationTokens.Load()))
-		p.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", 0)
-		p.family("vllm:request_success", "counter", "Count of successfully processed requests.")
+		p.pyCounter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", float64(m.prefixQueries.Load()))
+		p.pyCounter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", float64(m.prefixHits.Load()))
+		p.pyCounter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", float64(m.promptTokens.Load()))
+		p.pyCounter("vllm:generation_tokens_total", "Number of generation tokens processed.", float64(m.generationTokens.Load()))
+		p.pyCounter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", 0)
+		p.family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
 		for i, r := range [...]string{"stop", "length", "abort"} {
 			p.sample("vllm:request_success_total", `finished_reason="`+r+`"`, float64(m.success[i].Load()))
 		}
 		p.ttft(s, "vllm:time_to_first_token_seconds")
 	case engines.SGLang:
+		// SGLang's scheduler gauges and tokenizer counters
+		// (python/sglang/srt/metrics/collector.py).
 		p.labels = `model_name="` + s.cfg.Model + `"`
 		p.gauge("sglang:num_running_reqs", "The number of running requests.", running)
 		p.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", waiting)
@@ -142,29 +153,33 @@ func (s *Sim) renderMetrics() []byte {
 		}
 		p.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", hitRate)
 		p.gauge("sglang:gen_throughput", "The generation throughput (token/s).", 0)
-		p.counter("sglang:prompt_tokens", "Number of prefill tokens processed.", float64(m.promptTokens.Load()))
-		p.counter("sglang:generation_tokens", "Number of generation tokens processed.", float64(m.generationTokens.Load()))
+		p.pyCounter("sglang:prompt_tokens_total", "Number of prefill tokens processed.", float64(m.promptTokens.Load()))
+		p.pyCounter("sglang:generation_tokens_total", "Number of generation tokens processed.", float64(m.generationTokens.Load()))
+		p.pyCounter("sglang:cached_tokens_total", "Number of cached prompt tokens.", float64(m.prefixHits.Load()))
+		p.pyCounter("sglang:num_requests_total", "Number of requests processed.", float64(m.success[0].Load()+m.success[1].Load()+m.success[2].Load()))
 		p.ttft(s, "sglang:time_to_first_token_seconds")
 	case engines.TRTLLM:
-		// Names read from trtllm-serve's /prometheus/metrics [low confidence].
-		p.labels = `model_name="` + s.cfg.Model + `"`
-		p.gauge("trtllm_num_requests_running", "Number of requests running.", running)
-		p.gauge("trtllm_num_requests_waiting", "Number of requests waiting.", waiting)
-		p.gauge("trtllm_kv_cache_utilization", "KV cache utilization.", usage)
+		// trtllm-serve's MetricsCollector (tensorrt_llm/metrics/collector.py)
+		// with the labels openai_server.py gives it: model_name and
+		// engine_type, both "undefined".
+		p.labels = `engine_type="undefined",model_name="undefined"`
+		p.gauge("trtllm_num_requests_running", "Number of active requests", running)
+		p.gauge("trtllm_num_requests_waiting", "Number of queued requests", waiting)
+		p.gauge("trtllm_kv_cache_utilization", "KV cache utilization", usage)
 		hitRate := 0.0
 		if q := m.prefixQueries.Load(); q > 0 {
 			hitRate = float64(m.prefixHits.Load()) / float64(q)
 		}
-		p.gauge("trtllm_kv_cache_hit_rate", "KV cache reuse hit rate.", hitRate)
-		p.counter("trtllm_request_success", "Count of successfully processed requests.", float64(m.success[0].Load()+m.success[1].Load()))
+		p.gauge("trtllm_kv_cache_hit_rate", "KV cache hit rate", hitRate)
+		p.family("trtllm_request_success_total", "counter", "Count of successfully processed requests.")
+		for i, r := range [...]string{"stop", "length", "abort"} {
+			p.sample("trtllm_request_success_total", `finished_reason="`+r+`"`, float64(m.success[i].Load()))
+		}
+		p.pyCounter("trtllm_prompt_tokens_total", "Cumulative number of prompt (input) tokens processed.", float64(m.promptTokens.Load()))
+		p.pyCounter("trtllm_generation_tokens_total", "Cumulative number of generation (output) tokens produced.", float64(m.generationTokens.Load()))
 		p.ttft(s, "trtllm_time_to_first_token_seconds")
 	case engines.LlamaCpp:
-		p.labels = ""
-		p.counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.", float64(m.promptTokens.Load()))
-		p.counter("llamacpp:tokens_predicted", "Number of generation tokens processed.", float64(m.generationTokens.Load()))
-		p.gauge("llamacpp:requests_processing", "Number of requests processing.", running)
-		p.gauge("llamacpp:requests_deferred", "Number of requests deferred.", waiting)
-		p.gauge("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", usage)
+		s.appendLlamaMetrics(p)
 	}
 	return p.b
 }

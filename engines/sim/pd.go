@@ -6,14 +6,11 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines"
 )
-
-func timeDuration(n int) time.Duration { return time.Duration(n) }
 
 // pdState carries one request's prefill/decode hand-off, per engine.
 type pdState struct {

@@ -30,7 +30,7 @@ func (s *Sim) routeVLLM(ctx *fasthttp.RequestCtx, path string) {
 	case "/reset_prefix_cache":
 		s.onlyPost(ctx, func() { s.resetCache(); ctx.SetStatusCode(fasthttp.StatusOK) })
 	case "/version":
-		s.onlyGet(ctx, func() { ctx.SetContentType("application/json"); ctx.SetBodyString(`{"version":"0.26.0"}`) })
+		s.onlyGet(ctx, func() { s.serveVersion(ctx) })
 	default:
 		s.notFound(ctx)
 	}
@@ -74,14 +74,23 @@ func (s *Sim) routeSGLang(ctx *fasthttp.RequestCtx, path string) {
 			w.kint("max_total_num_tokens", int64(s.cfg.CacheBlocks*s.cfg.BlockSize)).
 				kint("context_length", maxModelLen).key("internal_states").arr().obj().
 				kint("max_total_num_tokens", int64(s.cfg.CacheBlocks*s.cfg.BlockSize)).end().aend().
-				kstr("version", "0.5.19").end()
+				kstr("version", s.version).end()
 			ctx.SetContentType("application/json")
 			ctx.SetBody(w.b)
 		})
 	case "/metrics":
 		s.onlyGet(ctx, func() { s.serveMetrics(ctx) })
+	case "/v1/tokenize", "/tokenize":
+		s.onlyPost(ctx, func() { s.serveTokenizeSGLang(ctx) })
 	case "/flush_cache":
-		s.onlyPost(ctx, func() { s.resetCache(); ctx.SetBodyString("Cache flushed.\n") })
+		// SGLang routes GET and POST here and answers plain text without a
+		// media type (http_server.py flush_cache).
+		if !ctx.IsGet() && !ctx.IsPost() {
+			s.methodNotAllowed(ctx)
+			return
+		}
+		s.resetCache()
+		ctx.SetBodyString("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
 	default:
 		s.notFound(ctx)
 	}
@@ -139,7 +148,7 @@ func (s *Sim) routeTRT(ctx *fasthttp.RequestCtx, path string) {
 			ctx.SetBody(s.trt.drain())
 		})
 	case "/version":
-		s.onlyGet(ctx, func() { ctx.SetContentType("application/json"); ctx.SetBodyString(`{"version":"1.2.0"}`) })
+		s.onlyGet(ctx, func() { s.serveVersion(ctx) })
 	default:
 		s.notFound(ctx)
 	}
@@ -153,66 +162,6 @@ func trtRole(role string) string {
 		return "generation"
 	}
 	return "converged"
-}
-
-func (s *Sim) routeLlama(ctx *fasthttp.RequestCtx, path string) {
-	switch path {
-	case "/health", "/v1/health":
-		s.onlyGet(ctx, func() {
-			ctx.SetContentType("application/json")
-			if s.loading() || s.faults.healthFail() {
-				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-				ctx.SetBody(s.errorBody(fasthttp.StatusServiceUnavailable, "Loading model", false))
-				return
-			}
-			ctx.SetBodyString(`{"status":"ok"}`)
-		})
-	case "/v1/chat/completions", "/chat/completions":
-		s.onlyPost(ctx, func() { s.serveGen(ctx, apiChat) })
-	case "/v1/completions":
-		s.onlyPost(ctx, func() { s.serveGen(ctx, apiCompletion) })
-	case "/completion", "/completions":
-		s.onlyPost(ctx, func() { s.serveGen(ctx, apiLlama) })
-	case "/v1/models", "/models":
-		s.onlyGet(ctx, func() { s.serveModels(ctx, "llamacpp") })
-	case "/tokenize":
-		s.onlyPost(ctx, func() { s.serveTokenizeLlama(ctx) })
-	case "/detokenize":
-		s.onlyPost(ctx, func() { s.serveDetokenize(ctx, "content") })
-	case "/slots":
-		s.onlyGet(ctx, func() { s.serveSlots(ctx) })
-	case "/props":
-		s.onlyGet(ctx, func() {
-			w := &jw{}
-			w.obj().key("default_generation_settings").obj().kint("n_ctx", maxModelLen).key("params").obj().kint("n_predict", -1).kint("seed", s.cfg.Seed).end().end().
-				kint("total_slots", int64(s.llamaSlots())).kstr("model_path", s.cfg.Model).kstr("chat_template", "chatml").
-				key("modalities").obj().kbool("vision", false).kbool("audio", false).end().
-				kstr("build_info", "b1-sim").kbool("is_sleeping", false).end()
-			ctx.SetContentType("application/json")
-			ctx.SetBody(w.b)
-		})
-	case "/metrics":
-		s.onlyGet(ctx, func() { s.serveMetrics(ctx) })
-	default:
-		s.notFound(ctx)
-	}
-}
-
-// llamaSlots is the number of llama.cpp slots: the concurrency limit, or 1.
-func (s *Sim) llamaSlots() int { return max(s.cfg.MaxConcurrency, 1) }
-
-func (s *Sim) serveSlots(ctx *fasthttp.RequestCtx) {
-	busy := int(s.running.Load())
-	w := &jw{}
-	w.arr()
-	for i := 0; i < s.llamaSlots(); i++ {
-		w.obj().kint("id", int64(i)).kint("id_task", -1).kint("n_ctx", maxModelLen).kbool("speculative", false).
-			kbool("is_processing", i < busy).key("params").obj().kint("n_predict", -1).end().
-			key("next_token").obj().kbool("has_next_token", i < busy).kint("n_remain", -1).end().end()
-	}
-	w.aend()
-	ctx.SetContentType("application/json")
-	ctx.SetBody(w.b)
 }
 
 func (s *Sim) onlyPost(ctx *fasthttp.RequestCtx, fn func()) {
@@ -259,9 +208,7 @@ func (s *Sim) serveModels(ctx *fasthttp.RequestCtx, owner string) {
 			kbool("allow_search_indices", false).kbool("allow_view", true).kbool("allow_fine_tuning", false).
 			kstr("organization", "*").knull("group").kbool("is_blocking", false).end().aend()
 	case engines.SGLang:
-		w.kstr("root", s.cfg.Model).kint("max_model_len", maxModelLen)
-	case engines.LlamaCpp:
-		w.key("meta").obj().kint("n_ctx_train", maxModelLen).end()
+		w.kstr("root", s.cfg.Model).knull("parent").kint("max_model_len", maxModelLen)
 	}
 	w.end().aend().end()
 	ctx.SetContentType("application/json")
@@ -335,6 +282,57 @@ func (s *Sim) serveTokenizeVLLM(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(w.b)
 }
 
+// serveVersion answers GET /version (vLLM, TensorRT-LLM): {"version": ...}.
+func (s *Sim) serveVersion(ctx *fasthttp.RequestCtx) {
+	w := &jw{}
+	w.obj().kstr("version", s.version).end()
+	ctx.SetContentType("application/json")
+	ctx.SetBody(w.b)
+}
+
+// serveTokenizeSGLang is SGLang's POST /v1/tokenize (and /tokenize):
+// exactly one of prompt (a string) or messages; the answer is
+// {"tokens","count","max_model_len"} (openai/protocol.py TokenizeResponse).
+// A list of prompts (batched form) is not simulated.
+func (s *Sim) serveTokenizeSGLang(ctx *fasthttp.RequestCtx) {
+	var req struct {
+		Prompt           *string         `json:"prompt"`
+		Messages         json.RawMessage `json:"messages"`
+		AddSpecialTokens *bool           `json:"add_special_tokens"`
+	}
+	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
+		s.writeError(ctx, nil, fasthttp.StatusBadRequest, "JSON decode error: "+err.Error(), true)
+		return
+	}
+	if (req.Prompt == nil) == isNull(req.Messages) {
+		s.writeError(ctx, nil, fasthttp.StatusBadRequest, "Exactly one of 'prompt' or 'messages' must be provided.", true)
+		return
+	}
+	var ids []uint32
+	if req.Prompt != nil {
+		if req.AddSpecialTokens == nil || *req.AddSpecialTokens {
+			ids = append(ids, s.bos...)
+		}
+		ids = s.tok.Encode(ids, *req.Prompt)
+	} else {
+		msgs, err := parseMessages(req.Messages)
+		if err != nil {
+			s.writeError(ctx, nil, fasthttp.StatusBadRequest, s.messageFor(err), true)
+			return
+		}
+		text, err := s.render.Render(msgs, true)
+		if err != nil {
+			s.writeError(ctx, nil, fasthttp.StatusBadRequest, "chat template: "+err.Error(), false)
+			return
+		}
+		ids = s.tok.Encode(ids, text)
+	}
+	w := &jw{}
+	w.obj().key("tokens").ints(ids).kint("count", int64(len(ids))).kint("max_model_len", maxModelLen).end()
+	ctx.SetContentType("application/json")
+	ctx.SetBody(w.b)
+}
+
 // serveDetokenize answers {"tokens":[...]} with {key: text}.
 func (s *Sim) serveDetokenize(ctx *fasthttp.RequestCtx, key string) {
 	var req struct {
@@ -346,42 +344,6 @@ func (s *Sim) serveDetokenize(ctx *fasthttp.RequestCtx, key string) {
 	}
 	w := &jw{}
 	w.obj().kstr(key, s.tok.Decode(req.Tokens)).end()
-	ctx.SetContentType("application/json")
-	ctx.SetBody(w.b)
-}
-
-// serveTokenizeLlama is llama-server's POST /tokenize.
-func (s *Sim) serveTokenizeLlama(ctx *fasthttp.RequestCtx) {
-	var req struct {
-		Content    *string `json:"content"`
-		AddSpecial bool    `json:"add_special"`
-		WithPieces bool    `json:"with_pieces"`
-	}
-	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
-		s.writeError(ctx, nil, fasthttp.StatusBadRequest, "Failed to parse JSON: "+err.Error(), true)
-		return
-	}
-	if req.Content == nil {
-		s.writeError(ctx, nil, fasthttp.StatusBadRequest, `"content" must be provided`, true)
-		return
-	}
-	var ids []uint32
-	if req.AddSpecial {
-		ids = append(ids, s.bos...)
-	}
-	ids = s.tok.Encode(ids, *req.Content)
-	w := &jw{}
-	w.obj().key("tokens")
-	if req.WithPieces {
-		w.arr()
-		for _, id := range ids {
-			w.obj().kint("id", int64(id)).kstr("piece", s.tok.Decode([]uint32{id})).end()
-		}
-		w.aend()
-	} else {
-		w.ints(ids)
-	}
-	w.end()
 	ctx.SetContentType("application/json")
 	ctx.SetBody(w.b)
 }

@@ -56,24 +56,6 @@ func TestTRTLLMConformance(t *testing.T) {
 	})
 }
 
-func TestLlamaCppConformance(t *testing.T) {
-	s := startSim(t, Config{Engine: engines.LlamaCpp, Seed: 7})
-	runConformance(t, "llamacpp", s, []conformanceCase{
-		{"health", "GET", "/health", "", 200, "application/json"},
-		{"chat_json", "POST", "/v1/chat/completions", chatBody + `}`, 200, "application/json"},
-		{"chat_sse", "POST", "/v1/chat/completions", chatBody + `,"stream":true}`, 200, "text/event-stream"},
-		{"completion_native", "POST", "/completion", `{"prompt":"Building a website can be done in","n_predict":3}`, 200, "application/json"},
-		{"completion_native_sse", "POST", "/completion", `{"prompt":"Building a website can be done in","n_predict":2,"stream":true}`, 200, "text/event-stream"},
-		{"tokenize", "POST", "/tokenize", `{"content":"hello world","with_pieces":true}`, 200, "application/json"},
-		{"slots", "GET", "/slots", "", 200, "application/json"},
-		{"props", "GET", "/props", "", 200, "application/json"},
-		{"models", "GET", "/v1/models", "", 200, "application/json"},
-		{"err_malformed_json", "POST", "/v1/chat/completions", `{"messages":`, 400, "application/json"},
-		{"err_missing_prompt", "POST", "/completion", `{}`, 400, "application/json"},
-		{"err_unknown_route", "GET", "/nothing", "", 404, "application/json"},
-	})
-}
-
 func TestLlamaCppLoading(t *testing.T) {
 	now := time.Unix(1700000000, 0)
 	var mu sync.Mutex

@@ -53,10 +53,13 @@ type genRequest struct {
 	RoutedDPRank     *int `json:"routed_dp_rank"`
 	DataParallelRank *int `json:"data_parallel_rank"`
 
-	// llama.cpp native /completion.
-	NPredict    *int  `json:"n_predict"`
-	CachePrompt *bool `json:"cache_prompt"`
-	IDSlot      *int  `json:"id_slot"`
+	// llama.cpp native /completion (seed and temperature are echoed in
+	// its generation settings).
+	NPredict    *int     `json:"n_predict"`
+	Seed        *int64   `json:"seed"`
+	Temperature *float64 `json:"temperature"`
+	CachePrompt *bool    `json:"cache_prompt"`
+	IDSlot      *int     `json:"id_slot"`
 }
 
 // streamOptions mirrors OpenAI's stream_options. A nil IncludeUsage means

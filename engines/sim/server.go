@@ -164,8 +164,10 @@ func (s *Sim) newReceipt(ctx *fasthttp.RequestCtx) Receipt {
 
 // reqError is an error with the HTTP status the persona answers it with.
 type reqError struct {
-	status     int
-	validation bool // TRT-LLM answers validation errors in its short shape
+	status int
+	// validation: rejected by the framework's request validation, not by
+	// the engine's serving code (see errorBody).
+	validation bool
 	err        error
 	// msg, when set, is the engine's own wording sent to the client instead
 	// of err's text (engine messages end with a period, Go errors do not).
@@ -175,11 +177,11 @@ type reqError struct {
 func (e *reqError) Error() string { return e.err.Error() }
 func (e *reqError) Unwrap() error { return e.err }
 
-// engineBadRequest is a 400 whose client-facing text is the engine's own
-// sentence.
+// engineBadRequest is a 400 the engine's serving code answers (not its
+// request validation), with the engine's own sentence.
 func engineBadRequest(format string, a ...any) *reqError {
 	msg := fmt.Sprintf(format, a...)
-	return &reqError{status: fasthttp.StatusBadRequest, validation: true, err: fmt.Errorf("%w: %s", errBadRequest, strings.TrimSuffix(msg, ".")), msg: msg}
+	return &reqError{status: fasthttp.StatusBadRequest, err: fmt.Errorf("%w: %s", errBadRequest, strings.TrimSuffix(msg, ".")), msg: msg}
 }
 
 // text is what the client sees.
@@ -197,10 +199,6 @@ func badRequest(err error) *reqError {
 // serveGen serves one inference request of any API family.
 func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 	rec := s.newReceipt(ctx)
-	if s.cfg.Engine == engines.LlamaCpp && s.loading() {
-		s.writeError(ctx, &rec, fasthttp.StatusServiceUnavailable, "Loading model", false)
-		return
-	}
 	req, err := parseGenRequest(ctx.PostBody())
 	if err != nil {
 		s.writeError(ctx, &rec, fasthttp.StatusBadRequest, s.messageFor(err), true)
@@ -270,6 +268,10 @@ func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 		s.crashStream(ctx, job, out, chunks, crashAfter, release)
 		return
 	}
+	if s.llama != nil {
+		s.llamaStream(ctx, job, out, chunks, release)
+		return
+	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/event-stream; charset=utf-8")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
@@ -316,14 +318,18 @@ func (s *Sim) streamChunks(w *bufio.Writer, out *genOutcome, chunks []sseChunk, 
 // and the connection is closed without the terminating chunk.
 func (s *Sim) crashStream(ctx *fasthttp.RequestCtx, job *genJob, out *genOutcome, chunks []sseChunk, n int, release func()) {
 	job.rec.Crashed = true
+	head := fmt.Appendf(nil, "HTTP/1.1 200 OK\r\nServer: %s\r\nContent-Type: text/event-stream; charset=utf-8\r\nX-Request-Id: %s\r\nTransfer-Encoding: chunked\r\n\r\n",
+		serverName(s.cfg.Engine), job.requestID)
+	if s.llama != nil {
+		head = s.llama.streamHead(ctx)
+	}
 	ctx.HijackSetNoResponse(true)
 	s.wg.Add(1)
 	ctx.Hijack(func(c net.Conn) {
 		defer s.wg.Done()
 		defer release()
 		bw := bufio.NewWriter(c)
-		fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nServer: %s\r\nContent-Type: text/event-stream; charset=utf-8\r\nX-Request-Id: %s\r\nTransfer-Encoding: chunked\r\n\r\n",
-			serverName(s.cfg.Engine), job.requestID)
+		_, _ = bw.Write(head)
 		cw := &chunkedWriter{w: bw}
 		s.streamChunks(bufio.NewWriterSize(cw, 64), out, chunks, n)
 		_ = bw.Flush()

@@ -11,6 +11,13 @@
 // queue), and implements each engine's prefill/decode hand-off. Every request
 // leaves a receipt at GET /_sim/receipts; faults are injected with
 // POST /_sim/faults. Several Sims can run in one process.
+//
+// The personas are checked against the engines, not against themselves:
+// source_conformance_test.go replays the fixture sets built from each
+// engine's public source (engines/<engine>/testdata, see their PROVENANCE)
+// and the llama.cpp captures. The golden files under testdata/golden pin the
+// simulator's own bytes against regressions; they prove nothing about an
+// engine.
 package sim
 
 import (
@@ -25,6 +32,9 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines"
+	// Every persona reads its engine's adapter (connection policy), so the
+	// simulator registers them all.
+	_ "github.com/llmgw/llmgw/engines/all"
 	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/engines/tokenizer"
 )
@@ -64,6 +74,7 @@ type Sim struct {
 	serveErr chan error
 	addrs    Addrs
 	engineID string
+	version  string // the catalog's release of the engine, reported by its version endpoint
 
 	tok    tokenizer.Tokenizer
 	render tokenizer.Renderer
@@ -76,6 +87,7 @@ type Sim struct {
 	running atomic.Int64
 	waiting atomic.Int64
 	reqSeq  atomic.Uint64
+	started time.Time
 	ready   time.Time       // llama.cpp answers "Loading model" before this
 	llama   *llamaTransport // llama.cpp's connection behaviour; nil for other personas
 
@@ -100,7 +112,14 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 	if err != nil {
 		return nil, err
 	}
+	adapter, err := engines.For(cfg.Engine)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	s := &Sim{cfg: cfg, serveErr: make(chan error, 1)}
+	if s.version, err = engineVersion(cfg.Engine); err != nil {
+		return nil, err
+	}
 	for i := 0; i < cfg.DPRanks; i++ {
 		s.ranks = append(s.ranks, &dpRank{cache: newPrefixCache(cfg.CacheBlocks)})
 	}
@@ -134,7 +153,8 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 	}
 	s.addrs.HTTP = s.ln.Addr().String()
 	s.engineID = fmt.Sprintf("%s-sim-%s", cfg.Engine, portOf(s.addrs.HTTP))
-	s.ready = cfg.Clock().Add(cfg.LoadingFor)
+	s.started = cfg.Clock()
+	s.ready = s.started.Add(cfg.LoadingFor)
 
 	if err := s.startSidecars(); err != nil {
 		s.cancel()
@@ -151,6 +171,10 @@ func Start(ctx context.Context, cfg Config) (*Sim, error) {
 		// fasthttp's idle-worker cleaner checks for shutdown only between
 		// sleeps of this length; keep it short so Close is prompt.
 		MaxIdleWorkerDuration: idleWorkerCheck,
+		// The engine's HTTP server closes a kept-alive connection idle this
+		// long (uvicorn's timeout_keep_alive for the Python servers); zero
+		// when the adapter knows no limit, which fasthttp reads as none.
+		IdleTimeout: adapter.Conn().IdleTimeout,
 	}
 	if s.llama != nil {
 		s.llama.configure(s.srv)

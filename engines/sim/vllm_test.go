@@ -13,7 +13,9 @@ import (
 )
 
 // conformanceCase is one request whose exact response bytes are pinned in a
-// golden file.
+// golden file: a regression check of the simulator's own output (written
+// with -update), not evidence of an engine's contract — that is
+// source_conformance_test.go's job.
 type conformanceCase struct {
 	name       string
 	method     string
@@ -81,7 +83,10 @@ func TestVLLMConformance(t *testing.T) {
 // TestSSEFraming checks the framing rules every OpenAI stream obeys: each
 // event is "data: <compact JSON>\n\n", the last is "data: [DONE]\n\n".
 func TestSSEFraming(t *testing.T) {
-	for _, kind := range []engines.Kind{engines.VLLM, engines.SGLang, engines.TRTLLM, engines.LlamaCpp} {
+	// llama.cpp's framing (one chunk per event, usage without
+	// prompt_tokens_details) is checked against its captures in
+	// engines/llamacpp's conformance test.
+	for _, kind := range []engines.Kind{engines.VLLM, engines.SGLang, engines.TRTLLM} {
 		t.Run(string(kind), func(t *testing.T) {
 			s := startSim(t, Config{Engine: kind, KVEvents: KVEventsOff})
 			res := do(t, client(t), "POST", "http://"+s.Addrs().HTTP+"/v1/chat/completions", chatBody+`,"stream":true,"stream_options":{"include_usage":true}}`)

@@ -1,8 +1,10 @@
 // Package vllm is vLLM's OpenAI server contract (catalog version 0.31.0).
 //
-// Sources: vLLM's public source (vllm-project/vllm), cited per fact in
-// testdata/PROVENANCE; where a fact could not be established from the
-// source, the comment says so.
+// Sources: vLLM's public source (vllm-project/vllm). Every fact below is
+// recorded with its repository, path and commit in testdata/adapter.json
+// and testdata/cases (see testdata/PROVENANCE, which also says what could
+// not be established: the index read holds no tag mapping, so the commits
+// cited are the revisions read, not a verified v0.31.0).
 package vllm
 
 import (
@@ -22,26 +24,31 @@ func (*Adapter) Kind() engines.Kind { return engines.VLLM }
 func (*Adapter) Display() string    { return "vLLM" }
 
 // IdleTimeout: vLLM serves through uvicorn with timeout_keep_alive =
-// VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s (vllm/envs.py).
+// VLLM_HTTP_TIMEOUT_KEEP_ALIVE, whose default is "5" seconds (vllm/envs.py
+// at 001f69f8; the launcher hands it to uvicorn.Config, launcher.py at
+// 02828a12).
 const IdleTimeout = 5 * time.Second
 
-// Conn: uvicorn keeps connections alive after streamed answers; idle
-// connections close after 5 s.
+// Conn: uvicorn keeps a connection alive after a streamed answer (nothing in
+// vLLM closes it) and closes it after IdleTimeout idle. No per-connection
+// request limit and no concurrency limit are configured.
 func (*Adapter) Conn() engines.ConnPolicy {
 	return engines.ConnPolicy{IdleTimeout: IdleTimeout}
 }
 
-// Classify: vLLM answers request validation failures with 4xx
-// (ErrorResponse, BadRequestError) and engine failures with 5xx.
+// Classify: vLLM answers the client's mistakes with 4xx (FastAPI request
+// validation: 400 "Bad Request"; create_error_response: 400 BadRequestError,
+// 404 NotFoundError, 422 UnprocessableEntityError) and with 501 when the
+// request asks for a feature the server does not implement
+// (NotImplementedError) — the engine is healthy in all of these. Engine
+// failures are 500 (EngineDeadError and EngineGenerateError answer an empty
+// 500); /health answers 503 when the engine is dead (exception_handling/
+// error_response.py at 055e47c2, launcher.py at 02828a12).
 func (*Adapter) Classify(status int, _ []byte) engines.Fault {
-	return classifyByStatus(status)
-}
-
-func classifyByStatus(status int) engines.Fault {
 	switch {
 	case status < 400:
 		return engines.FaultNone
-	case status < 500:
+	case status < 500, status == 501:
 		return engines.FaultClient
 	case status == 503:
 		return engines.FaultOverloaded
@@ -49,6 +56,9 @@ func classifyByStatus(status int) engines.Fault {
 	return engines.FaultEngine
 }
 
+// Surfaces: GET /health (200, empty body), GET /version, POST /tokenize,
+// GET /metrics (always on), GET /v1/models (instrumentator/health.py and
+// basic.py at 055e47c2, serve/tokenize/protocol.py at 030ea52e).
 func (*Adapter) Surfaces() engines.Surfaces {
 	return engines.Surfaces{
 		Health:   "/health",
@@ -59,7 +69,7 @@ func (*Adapter) Surfaces() engines.Surfaces {
 	}
 }
 
-// ParseVersion reads GET /version: {"version":"0.31.0"}.
+// ParseVersion reads GET /version: {"version": VLLM_VERSION}.
 func (*Adapter) ParseVersion(body []byte) (string, error) {
 	return versionField(body, "vllm")
 }
@@ -77,7 +87,8 @@ func versionField(body []byte, who string) (string, error) {
 	return v.Version, nil
 }
 
-// Metrics: vLLM v1's Prometheus series (vllm/v1/metrics/loggers.py).
+// Metrics: vLLM v1's PrometheusStatLogger series (vllm/v1/metrics/loggers.py;
+// names as exposed, counters with _total; testdata/cases/metrics.json).
 func (*Adapter) Metrics() engines.MetricNames {
 	return engines.MetricNames{
 		Requests:        "vllm:request_success_total",
@@ -89,16 +100,23 @@ func (*Adapter) Metrics() engines.MetricNames {
 	}
 }
 
-// KV: ZMQ PUB of msgpack batches (--kv-events-config publisher "zmq",
-// endpoint tcp://*:5557, replay endpoint optional), sha256_cbor blocks of
-// 16 tokens.
+// KV: ZMQ PUB of msgpack batches. KVEventsConfig's endpoint defaults to
+// tcp://*:5557 and replay_endpoint to None, so there is no replay socket
+// unless one is configured (ReplayOffset 0; the catalog's launch specs add
+// one at port+1) (vllm/config/kv_events.py at 00634b8a). Blocks are 16
+// tokens (CacheConfig.DEFAULT_BLOCK_SIZE, vllm/config/cache.py at 002f10e0).
+//
+// HashAlgo is sha256_cbor, the algorithm llmgw launches vLLM with
+// (--prefix-caching-hash-algo sha256_cbor). vLLM's own default is "sha256"
+// over pickle (cache.py), which is not reproducible outside CPython and
+// which engines/kvhash does not implement: a vLLM started without the flag
+// publishes hashes the gateway cannot predict.
 func (*Adapter) KV() *engines.KVContract {
 	return &engines.KVContract{
-		Transport:    engines.EventsZMQ,
-		HashAlgo:     "sha256_cbor",
-		BlockSize:    16,
-		ZMQPort:      5557,
-		ReplayOffset: 1000,
+		Transport: engines.EventsZMQ,
+		HashAlgo:  "sha256_cbor",
+		BlockSize: 16,
+		ZMQPort:   5557,
 	}
 }
 

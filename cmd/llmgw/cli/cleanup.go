@@ -35,7 +35,7 @@ llmgw.owner=llmgw are removed too. Nothing without a ledger entry or an
 llmgw label is ever touched. Running it twice is safe: the second run finds
 nothing.`,
 		Example: `  llmgw cleanup --run 20261130T004608Z-vllm-qwen3-0.6b-exact-df6dd0
-  llmgw cleanup --all --out ./results`,
+  llmgw cleanup --all --out /tmp/lab-results`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if runF != nil {
@@ -47,7 +47,7 @@ nothing.`,
 	f := cmd.Flags()
 	f.StringVar(&opts.Run, "run", "", "clean up this run (see 'llmgw results list')")
 	f.BoolVar(&opts.All, "all", false, "clean up every run and every llmgw-labelled container and network")
-	f.StringVar(&opts.Out, "out", "./results", "results directory holding the ownership ledgers")
+	f.StringVar(&opts.Out, "out", defaultResultsDir(), "results directory holding the ownership ledgers (LLMGW_OUT; default $XDG_DATA_HOME/llmgw/results or ~/.local/share/llmgw/results)")
 	f.StringVar(&opts.DockerEndpoint, "docker-host", "", "docker daemon address (default: DOCKER_HOST or the local socket)")
 	return cmd
 }

@@ -159,3 +159,54 @@ func TestRuleCommandsAgainstAGateway(t *testing.T) {
 		t.Errorf("delete without token: %d %s", code, errOut2)
 	}
 }
+
+// TestConfigFileUnknownKeys: a misspelled key in --config is refused with a
+// suggestion, instead of being silently ignored.
+func TestConfigFileUnknownKeys(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"misspelled key", "listne: 127.0.0.1:1\n", []string{"unknown key", "listne", "did you mean listen"}},
+		{"key of no command", "colour: blue\n", []string{"unknown key", "colour"}},
+		{"nested table", "listen: 127.0.0.1:1\nchwbl:\n  replicas: 3\n", []string{"chwbl.replicas"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".yaml")
+			if err := os.WriteFile(path, []byte(tc.yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ios, _, errOut := TestIO()
+			code := Main(context.Background(), []string{"serve", "--config", path, "--state-dir", dir}, ios)
+			if code != ExitUsage {
+				t.Fatalf("exit code = %d; want %d (usage); stderr: %s", code, ExitUsage, errOut)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errOut.String(), w) {
+					t.Errorf("stderr = %q; want it to mention %q", errOut, w)
+				}
+			}
+		})
+	}
+}
+
+// TestVersion: `llmgw version` and `llmgw --version` print the same line,
+// with a commit field (the test binary carries no VCS stamp: "unknown").
+func TestVersion(t *testing.T) {
+	var lines []string
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		ios, out, errOut := TestIO()
+		if code := Main(context.Background(), args, ios); code != ExitOK {
+			t.Fatalf("%v: exit %d; stderr %s", args, code, errOut)
+		}
+		if !strings.HasPrefix(out.String(), "llmgw ") || !strings.Contains(out.String(), "(commit ") {
+			t.Errorf("%v printed %q; want \"llmgw VERSION (commit ...)\"", args, out)
+		}
+		lines = append(lines, out.String())
+	}
+	if lines[0] != lines[1] {
+		t.Errorf("version %q != --version %q", lines[0], lines[1])
+	}
+}

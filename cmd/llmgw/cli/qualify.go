@@ -82,7 +82,7 @@ recorded are kept and exported), 2 bad flags (nothing started).`,
 	f.StringVar(&opts.DecodeEndpoints, "decode-endpoints", "", "attach, pd: running decode workers as host:port,...")
 	f.StringSliceVar(&opts.ImageOverrides, "image-override", nil, "docker: KEY=IMAGE with KEY an engine or sim (repeatable)")
 	f.IntVar(&opts.Workers, "workers", 3, "converged workers per case")
-	f.StringVar(&opts.Out, "out", "./results", "results directory")
+	f.StringVar(&opts.Out, "out", defaultResultsDir(), "results directory (LLMGW_OUT; default $XDG_DATA_HOME/llmgw/results or ~/.local/share/llmgw/results)")
 	f.BoolVar(&opts.AllowBlocked, "allow-blocked", false, "exit 0 when cases are BLOCKED but none FAILed")
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s)")
 	f.StringVar(&opts.LogLevel, "log-level", "warn", "embedded gateway log level (logs go to standard error)")

@@ -20,9 +20,9 @@ func TestNewCmdQualifyDefaults(t *testing.T) {
 		args []string
 		want QualifyOptions
 	}{
-		{"defaults", nil, QualifyOptions{Engine: "all", Modes: []string{"rr", "exact"}, Topologies: []string{"converged"}, Launcher: "sim", Out: "./results", Workers: 3}},
+		{"defaults", nil, QualifyOptions{Engine: "all", Modes: []string{"rr", "exact"}, Topologies: []string{"converged"}, Launcher: "sim", Out: defaultResultsDir(), Workers: 3}},
 		{"lists", []string{"--engine", "sglang", "--profiles", "qwen3-0.6b,gemma-2-9b-it", "--modes", "exact", "--topology", "converged,pd", "--allow-blocked"},
-			QualifyOptions{Engine: "sglang", Profiles: []string{"qwen3-0.6b", "gemma-2-9b-it"}, Modes: []string{"exact"}, Topologies: []string{"converged", "pd"}, Launcher: "sim", Out: "./results", Workers: 3, AllowBlocked: true}},
+			QualifyOptions{Engine: "sglang", Profiles: []string{"qwen3-0.6b", "gemma-2-9b-it"}, Modes: []string{"exact"}, Topologies: []string{"converged", "pd"}, Launcher: "sim", Out: defaultResultsDir(), Workers: 3, AllowBlocked: true}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -42,7 +42,7 @@ Rows from simulated workers qualify the gateway's behaviour, not the engine.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.PersistentFlags().StringVar(&opts.Out, "out", "./results", "results directory (the runbooks' --out)")
+	cmd.PersistentFlags().StringVar(&opts.Out, "out", defaultResultsDir(), "results directory, the runbooks' --out (LLMGW_OUT; default $XDG_DATA_HOME/llmgw/results or ~/.local/share/llmgw/results)")
 
 	list := &cobra.Command{
 		Use:   "list",

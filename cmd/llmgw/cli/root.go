@@ -5,6 +5,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -56,12 +57,14 @@ Start with: llmgw runbook converged   (simulated vLLM workers, KV-exact routing)
 Every flag can also be set with an environment variable LLMGW_<FLAG> (dashes
 become underscores, e.g. LLMGW_STATE_DIR) or in a YAML config file given with
 --config. Flags win over the environment, which wins over the file.`,
+		Version:       versionString(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			return loadConfig(cmd, v)
 		},
 	}
+	root.SetVersionTemplate("llmgw {{.Version}}\n")
 	root.SetOut(io.Out)
 	root.SetErr(io.ErrOut)
 	root.PersistentFlags().String("config", "", "YAML config file whose keys are flag names (e.g. listen: 127.0.0.1:8080)")
@@ -82,6 +85,9 @@ func loadConfig(cmd *cobra.Command, v *viper.Viper) error {
 		v.SetConfigFile(path)
 		if err := v.ReadInConfig(); err != nil {
 			return &UsageError{Err: fmt.Errorf("config file %s: %w", path, err)}
+		}
+		if err := checkConfigKeys(cmd, path); err != nil {
+			return err
 		}
 	}
 	var firstErr error
@@ -106,6 +112,69 @@ func loadConfig(cmd *cobra.Command, v *viper.Viper) error {
 		}
 	})
 	return firstErr
+}
+
+// checkConfigKeys refuses a config file key that is not a flag of cmd: a
+// misspelled key would otherwise be silently ignored. The file is read on
+// its own (not through the merged viper) so environment variables cannot
+// mask or add keys.
+func checkConfigKeys(cmd *cobra.Command, path string) error {
+	fv := viper.New()
+	fv.SetConfigFile(path)
+	if err := fv.ReadInConfig(); err != nil {
+		return &UsageError{Err: fmt.Errorf("config file %s: %w", path, err)}
+	}
+	var unknown []string
+	for _, k := range fv.AllKeys() {
+		if k == "config" || cmd.Flags().Lookup(k) == nil {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	sort.Strings(unknown)
+	var hint []string
+	for _, k := range unknown {
+		if s := cmd.SuggestionsFor(k); len(s) > 0 {
+			hint = append(hint, fmt.Sprintf("%s (did you mean %s?)", k, strings.Join(s, ", ")))
+			continue
+		}
+		var near []string
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			if levenshtein(k, f.Name) <= 2 {
+				near = append(near, f.Name)
+			}
+		})
+		if len(near) > 0 {
+			hint = append(hint, fmt.Sprintf("%s (did you mean %s?)", k, strings.Join(near, ", ")))
+		} else {
+			hint = append(hint, k)
+		}
+	}
+	return &UsageError{Err: fmt.Errorf("config file %s: unknown key(s) for '%s': %s; keys are the command's flag names (%s --help)",
+		path, cmd.CommandPath(), strings.Join(hint, "; "), cmd.CommandPath())}
+}
+
+// levenshtein is the edit distance between two short flag names.
+func levenshtein(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // usageErrorf returns a UsageError: the command was called wrongly and nothing

@@ -31,6 +31,8 @@ type RunbookOptions struct {
 	DockerNetwork    string
 	HealthTimeout    time.Duration
 	LogLevel         string
+	// Plan is an 'llmgw plan -o json' file the tuple is taken from.
+	Plan string
 }
 
 // launcherNames are the valid --launcher values.
@@ -94,6 +96,11 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.workersSet = cmd.Flags().Changed("workers")
+			if opts.Plan != "" {
+				if err := applyPlanConverged(cmd, opts, opts.Plan); err != nil {
+					return err
+				}
+			}
 			if runF != nil {
 				return runF(cmd, opts)
 			}
@@ -112,6 +119,7 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 	f.StringVar(&opts.DockerNetwork, "docker-network", "", "docker: join this network instead of creating one for the run")
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s; docker 10m)")
 	addLabLogFlag(f, &opts.LogLevel)
+	f.StringVar(&opts.Plan, "plan", "", "take engine, profile, attached endpoints and (without --mode) stage 1's mode from 'llmgw plan -o json' output")
 	cmd.AddCommand(conv)
 	return cmd
 }

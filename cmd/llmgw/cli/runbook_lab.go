@@ -24,7 +24,7 @@ import (
 func addLabFlags(f *pflag.FlagSet, gateway, tokenFile, out *string) {
 	f.StringVar(gateway, "gateway", "", "admin API URL of a running gateway (default: an embedded gateway on loopback)")
 	f.StringVar(tokenFile, "gateway-token-file", "", "file holding the external gateway's admin bearer token")
-	f.StringVar(out, "out", "./results", "results directory")
+	f.StringVar(out, "out", defaultResultsDir(), "results directory (LLMGW_OUT; default $XDG_DATA_HOME/llmgw/results or ~/.local/share/llmgw/results)")
 }
 
 // addLabLogFlag registers --log-level on f, bound to level.

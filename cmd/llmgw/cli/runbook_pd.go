@@ -30,6 +30,8 @@ type RunbookPDOptions struct {
 	Out              string
 	HealthTimeout    time.Duration
 	LogLevel         string
+	// Plan is an 'llmgw plan -o json' file the tuple is taken from.
+	Plan string
 }
 
 // withRunbookPD adds the pd subcommand to the runbook command.
@@ -77,6 +79,11 @@ Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
   llmgw runbook pd --engine sglang`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.Plan != "" {
+				if err := applyPlanPD(cmd, opts, opts.Plan); err != nil {
+					return err
+				}
+			}
 			if runF != nil {
 				return runF(cmd, opts)
 			}
@@ -96,6 +103,7 @@ Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 	addLabFlags(f, &opts.Gateway, &opts.GatewayTokenFile, &opts.Out)
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s)")
 	addLabLogFlag(f, &opts.LogLevel)
+	f.StringVar(&opts.Plan, "plan", "", "take engine, profile, prefill/decode endpoints and bootstrap port from 'llmgw plan -o json' output")
 	return cmd
 }
 

@@ -28,10 +28,10 @@ func TestNewCmdRunbookConverged(t *testing.T) {
 		cli  string
 		want RunbookOptions
 	}{
-		{"defaults", "", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "exact", Workers: 3, Launcher: "sim", Out: "./results"}},
+		{"defaults", "", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "exact", Workers: 3, Launcher: "sim", Out: defaultResultsDir()}},
 		{"engine mode workers", "--engine sglang --mode rr --workers 2 --out /tmp/x", RunbookOptions{Engine: "sglang", Profile: "qwen3-0.6b", Mode: "rr", Workers: 2, Launcher: "sim", Out: "/tmp/x"}},
-		{"docker override", "--launcher docker --image-override sim=llmgw-sim:test", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "exact", Workers: 3, Launcher: "docker", Out: "./results", ImageOverrides: []string{"sim=llmgw-sim:test"}}},
-		{"attach", "--launcher attach --endpoints 127.0.0.1:1,127.0.0.1:2 --gateway http://127.0.0.1:8081", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "exact", Workers: 3, Launcher: "attach", Out: "./results", Endpoints: "127.0.0.1:1,127.0.0.1:2", Gateway: "http://127.0.0.1:8081"}},
+		{"docker override", "--launcher docker --image-override sim=llmgw-sim:test", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "exact", Workers: 3, Launcher: "docker", Out: defaultResultsDir(), ImageOverrides: []string{"sim=llmgw-sim:test"}}},
+		{"attach", "--launcher attach --endpoints 127.0.0.1:1,127.0.0.1:2 --gateway http://127.0.0.1:8081", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "exact", Workers: 3, Launcher: "attach", Out: defaultResultsDir(), Endpoints: "127.0.0.1:1,127.0.0.1:2", Gateway: "http://127.0.0.1:8081"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -232,6 +232,7 @@ func TestCleanupCommandTwice(t *testing.T) {
 // TestRunbookHelpGolden pins the runbook's documented steps, launchers and
 // exit codes (the contract an operator reads).
 func TestRunbookHelpGolden(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", "/xdg-data") // the --out default, the same on every machine
 	code, out, errOut := runCLI(t, false, "runbook", "converged", "--help")
 	if code != ExitOK {
 		t.Fatalf("exit %d: %s", code, errOut)

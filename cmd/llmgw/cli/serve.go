@@ -27,6 +27,7 @@ type ServeOptions struct {
 	TLSKey         string
 	LogLevel       string
 	LogPayloads    bool
+	Pprof          bool
 }
 
 func newServeCmd(io *IOStreams, runF func(*cobra.Command, *ServeOptions) error) *cobra.Command {
@@ -73,6 +74,7 @@ that fails admission stops the start with the reason.`,
 	f.StringVar(&opts.TLSKey, "tls-key", "", "PEM private key for TLS on the data plane (with --tls-cert)")
 	f.StringVar(&opts.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&opts.LogPayloads, "log-payloads", false, "log prompt and completion bodies at debug level (off: payloads may hold personal data)")
+	f.BoolVar(&opts.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the admin listener (behind the admin token when one is set)")
 	return cmd
 }
 
@@ -127,7 +129,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	srv, err := gateway.New(gateway.Config{
 		Listen: opts.Listen, Admin: opts.Admin, AdminToken: token, StateDir: opts.StateDir,
 		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
-		LogPayloads: opts.LogPayloads, Logger: log,
+		LogPayloads: opts.LogPayloads, Pprof: opts.Pprof, Logger: log,
 	})
 	if err != nil {
 		return usageErrorf("%v", err)

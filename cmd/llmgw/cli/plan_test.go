@@ -1,0 +1,192 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/gateway"
+)
+
+func startPlanSims(t *testing.T, cfgs ...sim.Config) (addrs, events, replay []string) {
+	t.Helper()
+	for _, c := range cfgs {
+		s, err := sim.Start(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		a := s.Addrs()
+		// The test's own traffic, so each worker publishes blocks.
+		body := `{"model":"Qwen/Qwen3-0.6B","prompt":"a prompt long enough to fill two blocks of sixteen builtin tokens for the events the planner replays, and a few words more","max_tokens":1}`
+		resp, err := http.Post("http://"+a.HTTP+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		addrs, events, replay = append(addrs, a.HTTP), append(events, a.Events), append(replay, a.Replay)
+	}
+	return addrs, events, replay
+}
+
+// Three vLLM simulators: the plan is made (exit 0), its stage-1 YAML is
+// accepted by `llmgw rule apply -f -` on an embedded gateway, and the
+// runbook the plan names (through --plan) passes.
+func TestPlanThreeVLLMApplyAndQualify(t *testing.T) {
+	v := sim.Config{Engine: engines.VLLM}
+	addrs, events, replay := startPlanSims(t, v, v, v)
+	args := []string{"plan", "--endpoints", strings.Join(addrs, ","), "--events", strings.Join(events, ","), "--replay", strings.Join(replay, ","), "--timeout", "500ms"}
+
+	ios, out, errOut := TestIO()
+	if code := Main(context.Background(), append(args, "-o", "json"), ios); code != ExitOK {
+		t.Fatalf("plan -o json: exit %d\n%s", code, errOut)
+	}
+	var p struct {
+		Engine     string `json:"engine"`
+		Topology   string `json:"topology"`
+		Consistent bool   `json:"consistent"`
+		Stages     []struct {
+			Capability string `json:"capability"`
+			Runbook    string `json:"runbook"`
+		} `json:"stages"`
+	}
+	planJSON := out.Bytes()
+	if err := json.Unmarshal(planJSON, &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Engine != "vllm" || p.Topology != "converged" || !p.Consistent || len(p.Stages) != 3 {
+		t.Fatalf("plan = %+v", p)
+	}
+
+	ios, out, errOut = TestIO()
+	if code := Main(context.Background(), append(args, "-o", "table"), ios); code != ExitOK || !strings.Contains(out.String(), "stage 1  fullproxy") {
+		t.Fatalf("plan table: exit %d\n%s\n%s", code, out, errOut)
+	}
+
+	ios, out, errOut = TestIO()
+	if code := Main(context.Background(), append(args, "-o", "yaml"), ios); code != ExitOK {
+		t.Fatalf("plan -o yaml: exit %d\n%s", code, errOut)
+	}
+	yamlRule := out.Bytes()
+
+	dir := t.TempDir()
+	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: filepath.Join(dir, "state"), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	ios, out, errOut = TestIO()
+	ios.In = bytes.NewReader(yamlRule)
+	if code := Main(context.Background(), []string{"rule", "apply", "-f", "-", "--admin", "http://" + gw.AdminAddr()}, ios); code != ExitOK {
+		t.Fatalf("rule apply -f - of the plan's stage 1: exit %d\n%s\n%s", code, errOut, yamlRule)
+	}
+	if !strings.Contains(out.String(), `"sel": 0`) || !strings.Contains(out.String(), `"path": "/health"`) {
+		t.Errorf("applied rule read back = %s; want round robin with the health probe", out)
+	}
+
+	planFile := filepath.Join(dir, "plan.json")
+	if err := os.WriteFile(planFile, planJSON, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ios, out, errOut = TestIO()
+	if code := Main(context.Background(), []string{"runbook", "converged", "--plan", planFile, "--out", filepath.Join(dir, "out")}, ios); code != ExitOK {
+		t.Fatalf("runbook converged --plan: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out.String(), "attach") || !strings.Contains(out.String(), "rr") {
+		t.Errorf("runbook output lacks the plan's tuple (attach, rr):\n%s", out)
+	}
+}
+
+func TestPlanExitCodes(t *testing.T) {
+	a, ae, ar := startPlanSims(t, sim.Config{Engine: engines.VLLM})
+	b, be, br := startPlanSims(t, sim.Config{Engine: engines.VLLM, BlockSize: 32})
+	cases := []struct {
+		name string
+		args []string
+		code ExitCode
+		want string
+	}{
+		{"block sizes differ", []string{"--endpoints", a[0] + "," + b[0], "--events", ae[0] + "," + be[0], "--replay", ar[0] + "," + br[0]}, ExitFail, "block_size (" + b[0] + " says 32, the pool 16)"},
+		{"no endpoints", nil, ExitUsage, "--endpoints"},
+		{"bad output", []string{"--endpoints", a[0], "-o", "xml"}, ExitUsage, "-o"},
+		{"events list length", []string{"--endpoints", a[0] + "," + b[0], "--events", ae[0]}, ExitUsage, "--events has 1 items"},
+		{"bad engine", []string{"--endpoints", a[0], "--engine", "tgi"}, ExitUsage, "unknown engine"},
+		{"bad profile", []string{"--endpoints", a[0], "--profile", "nope"}, ExitUsage, "--profile"},
+		{"yaml of a missing stage", []string{"--endpoints", a[0], "--events", ae[0], "-o", "yaml", "--stage", "9"}, ExitError, "no stage 9"},
+		{"bad role", []string{"--endpoints", a[0] + "=leader"}, ExitUsage, "want converged, prefill"},
+		{"profile model differs", []string{"--endpoints", a[0], "--events", ae[0], "--profile", "llama-3.1-8b-instruct"}, ExitFail, "profile"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ios, out, errOut := TestIO()
+			code := Main(context.Background(), append(append([]string{"plan"}, tc.args...), "--timeout", "500ms"), ios)
+			if code != tc.code || !strings.Contains(errOut.String()+out.String(), tc.want) {
+				t.Errorf("exit %d; want %d with %q\nstdout:\n%s\nstderr:\n%s", code, tc.code, tc.want, out, errOut)
+			}
+		})
+	}
+}
+
+func TestRunbookPlanFlagRefusesMismatch(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"x":1}`), 0o600)
+	pdPlan := filepath.Join(dir, "pd.json")
+	os.WriteFile(pdPlan, []byte(`{"engine":"sglang","topology":"pd","answers":[{"key":"engine"}],"stages":[{"n":1,"capability":"pd","runbook_mode":"pd"}],"prefill":["127.0.0.1:1"],"decode":["127.0.0.1:2"]}`), 0o600)
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"not a plan", []string{"runbook", "converged", "--plan", bad}, "not a plan"},
+		{"missing file", []string{"runbook", "converged", "--plan", filepath.Join(dir, "none.json")}, "--plan"},
+		{"pd plan for converged", []string{"runbook", "converged", "--plan", pdPlan}, "no converged stage"},
+		{"endpoints with plan", []string{"runbook", "pd", "--plan", pdPlan, "--prefill-endpoints", "127.0.0.1:3"}, "drop --launcher"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ios, _, errOut := TestIO()
+			if code := Main(context.Background(), append(tc.args, "--out", dir), ios); code != ExitUsage || !strings.Contains(errOut.String(), tc.want) {
+				t.Errorf("exit %d; want 2 with %q\n%s", code, tc.want, errOut)
+			}
+		})
+	}
+}
+
+// An SGLang prefill + decode pair: the plan stages concurrent P/D with the
+// bootstrap port the prefill reported, and `runbook pd --plan` qualifies it.
+func TestPlanSGLangPDQualify(t *testing.T) {
+	addrs, _, _ := startPlanSims(t, sim.Config{Engine: engines.SGLang, Role: sim.RolePrefill}, sim.Config{Engine: engines.SGLang, Role: sim.RoleDecode})
+	dir := t.TempDir()
+	ios, out, errOut := TestIO()
+	if code := Main(context.Background(), []string{"plan", "--endpoints", strings.Join(addrs, ","), "--timeout", "500ms", "-o", "json"}, ios); code != ExitOK {
+		t.Fatalf("plan: exit %d\n%s", code, errOut)
+	}
+	planFile := filepath.Join(dir, "plan.json")
+	os.WriteFile(planFile, out.Bytes(), 0o600)
+	var p struct {
+		Topology      string `json:"topology"`
+		BootstrapPort int    `json:"bootstrap_port"`
+	}
+	json.Unmarshal(out.Bytes(), &p)
+	if p.Topology != "pd" || p.BootstrapPort == 0 {
+		t.Fatalf("plan = %s", out)
+	}
+	ios, out, errOut = TestIO()
+	if code := Main(context.Background(), []string{"runbook", "pd", "--plan", planFile, "--out", filepath.Join(dir, "out")}, ios); code != ExitOK {
+		t.Fatalf("runbook pd --plan: exit %d\n%s\n%s", code, out, errOut)
+	}
+}

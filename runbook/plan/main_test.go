@@ -1,0 +1,44 @@
+package plan
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the run when goroutines outlive the tests: every probe
+// (HTTP request, SUB socket, replay exchange) must end with Probe.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		code = checkLeaks()
+	}
+	os.Exit(code)
+}
+
+func checkLeaks() int {
+	opts := []goleak.Option{
+		// fasthttp's process-wide Date refresher (the simulators') never stops.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		// zmq4 v0.17.0's PUB writer can miss its Close signal (the
+		// simulators' publishers; engines/sim and kvevents ignore it too).
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+	}
+	// Closed servers' goroutines exit asynchronously: goleak.Find retries
+	// for a while itself (backing off between looks); repeat it until a
+	// deadline before calling it a leak.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := goleak.Find(opts...)
+		if err == nil {
+			return 0
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			return 1
+		}
+	}
+}
