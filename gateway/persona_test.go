@@ -15,7 +15,8 @@ import (
 // advertising keep-alive, 5 s idle, 100 requests per connection, 4 served
 // connections, the reused-connection stall on): back-to-back streaming and
 // plain requests through a llama.cpp rule, 0 errors, and the breaker
-// (opening on the first charged failure) never opens.
+// (opening on the first charged failure) never opens; then eight n:2
+// requests, whose 500s are the client's fault, leave the endpoint available.
 func TestLlamaPersonaBackToBack(t *testing.T) {
 	s, err := sim.Start(t.Context(), sim.Config{Engine: engines.LlamaCpp, Model: "m1", KVEvents: sim.KVEventsOff, NagleStall: true})
 	if err != nil {
@@ -43,5 +44,20 @@ func TestLlamaPersonaBackToBack(t *testing.T) {
 	}
 	if n := gw.metricValue(t, "llmgw_upstream_failures_total", "r"); n != 0 {
 		t.Errorf("%v upstream failures", n)
+	}
+	// Eight n:2 requests: the persona answers llama-server's 500; each is
+	// relayed and none demotes the endpoint (origin_5xx: 1 would open the
+	// breaker on the first counted one).
+	for i := range 8 {
+		resp, out := post(t, c, url, `{"model":"m1","n":2,"messages":[{"role":"user","content":"hi"}]}`)
+		if resp.StatusCode != 500 || !strings.Contains(out, "Only one completion choice is allowed") {
+			t.Fatalf("n:2 request %d: status %d body %q; want the engine's 500", i, resp.StatusCode, out)
+		}
+	}
+	if st := ep.Breaker().State(); st != upstream.Closed {
+		t.Fatalf("breaker %s after n:2 answers", st)
+	}
+	if resp, out := post(t, c, url, chatBody); resp.StatusCode != 200 {
+		t.Fatalf("after the n:2 answers: status %d body %q", resp.StatusCode, out)
 	}
 }
