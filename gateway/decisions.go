@@ -16,10 +16,13 @@ type Decision struct {
 	// endpoint for; empty on single-pool rules.
 	Leg   string `json:"leg,omitempty"`
 	Spill int    `json:"spill,omitempty"`
-	// MatchedBlocks and TotalBlocks are the KV-exact match of the chosen
-	// endpoint and the prompt's full blocks (KV-exact rules only).
-	MatchedBlocks *int `json:"matched_blocks,omitempty"`
-	TotalBlocks   *int `json:"total_blocks,omitempty"`
+	// MatchedBlocks and TotalBlocks are the prompt's blocks the endpoint
+	// the request went to already held, and the prompt's full blocks; Hit
+	// says whether that reaches the rule's kvHitMinShare (KV-exact rules
+	// only, for every decision: a fallback's endpoint too).
+	MatchedBlocks *int  `json:"matched_blocks,omitempty"`
+	TotalBlocks   *int  `json:"total_blocks,omitempty"`
+	Hit           *bool `json:"hit,omitempty"`
 }
 
 // decisionLog keeps the most recent decisions in a fixed ring, so recording
@@ -38,6 +41,7 @@ type decisionSlot struct {
 	leg      string
 	spill    int
 	kv       bool
+	hit      bool
 	matched  int
 	total    int
 	idLen    uint8
@@ -60,10 +64,8 @@ func (l *decisionLog) addLeg(rule, leg, endpoint, reason string, id []byte, spil
 	sl.at, sl.rule, sl.endpoint, sl.reason, sl.leg, sl.spill = now, rule, endpoint, reason, leg, spill
 	sl.kv = kv != nil
 	if kv != nil {
-		sl.matched, sl.total = 0, kv.total
-		if kv.ep != nil && kv.ep.ID == epChosen {
-			sl.matched = kv.matched
-		}
+		sl.matched, sl.total = kv.matchedOn(epChosen), kv.total
+		sl.hit = kv.isHit(sl.matched)
 	}
 	sl.idLen = uint8(copy(sl.id[:], id))
 	l.mu.Unlock()
@@ -91,8 +93,8 @@ func (l *decisionLog) list(rule string, since time.Time) []Decision {
 		}
 		d := Decision{Time: t, RequestID: string(sl.id[:sl.idLen]), Rule: sl.rule, Endpoint: sl.endpoint, Reason: sl.reason, Leg: sl.leg, Spill: sl.spill}
 		if sl.kv {
-			m, tot := sl.matched, sl.total
-			d.MatchedBlocks, d.TotalBlocks = &m, &tot
+			m, tot, hit := sl.matched, sl.total, sl.hit
+			d.MatchedBlocks, d.TotalBlocks, d.Hit = &m, &tot, &hit
 		}
 		out = append(out, d)
 	}

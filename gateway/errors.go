@@ -129,10 +129,12 @@ func isDialError(err error) bool {
 
 // notSent reports whether a failed send provably reached no worker: the
 // connection could not be made, a pooled connection was dead before the
-// request was written, or writing the request failed (upconn.go).
+// request was written, writing the request failed (upconn.go), or the
+// gateway had no free connection to the endpoint.
 func notSent(err error) bool {
 	var se *sendError
-	return isDialError(err) || errors.Is(err, errStaleConn) || errors.Is(err, errConnRetired) || errors.As(err, &se)
+	return isDialError(err) || errors.Is(err, errStaleConn) || errors.Is(err, errConnRetired) ||
+		errors.Is(err, fasthttp.ErrNoFreeConns) || errors.As(err, &se)
 }
 
 // reusedNotSent reports whether the send failed on a reused pooled

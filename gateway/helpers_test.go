@@ -220,7 +220,7 @@ const chatBody = `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`
 
 // metricValue sums the samples of family name whose label values include
 // all of want (in any label).
-func (s *Server) metricValue(t *testing.T, name string, want ...string) float64 {
+func (s *Server) metricValue(t testing.TB, name string, want ...string) float64 {
 	t.Helper()
 	mfs, err := s.metrics.reg.Gather()
 	if err != nil {

@@ -69,7 +69,10 @@ type kvRuntime struct {
 	pool       []*upstream.Endpoint // scored endpoints; Index positions in the kvindex
 	ingest     []*kvindex.Ingester  // by pool position
 	loadFactor float64
-	parity     parityState
+	// hitShare is the rule's kvHitMinShare: the share of the prompt's
+	// blocks a decision must match to count as a hit.
+	hitShare float64
+	parity   parityState
 	// canary records endpoints whose hash parity was proven by a canary
 	// check (a readiness condition when their inventory is empty).
 	canary []atomic.Bool
@@ -79,6 +82,10 @@ type kvRuntime struct {
 
 func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme string, client *http.Client) (*kvRuntime, error) {
 	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: max(eff.CHWBL.LoadFactor, kvBoundFactor), scheme: scheme, client: client}
+	kv.hitShare = rule.DefaultKVHitMinShare
+	if eff.KVHitMinShare != nil {
+		kv.hitShare = *eff.KVHitMinShare
+	}
 	for _, ep := range eps {
 		if eff.KVExactMode == 1 && ep.Role != upstream.RolePrefill {
 			continue
@@ -217,6 +224,35 @@ type kvChoice struct {
 	prompt    int // prompt tokens
 	reason    string
 	predicted int // cached tokens the engine should report
+	// hit: the chosen endpoint holds at least the rule's kvHitMinShare of
+	// the prompt's blocks (and at least one). A choice below the share is
+	// "partial" (reason), one with no block "spill".
+	hit   bool
+	share float64
+	// byPos is every scored endpoint's match (the request's scratch, valid
+	// while the request is served); pool maps its positions to endpoints.
+	byPos []int
+	pool  []*upstream.Endpoint
+}
+
+// matchedOn is the number of the prompt's blocks endpoint id holds, for the
+// endpoint a request actually went to (a fallback or retry may not be the
+// KV choice).
+func (c *kvChoice) matchedOn(id string) int {
+	if c.ep != nil && c.ep.ID == id {
+		return c.matched
+	}
+	for i, ep := range c.pool {
+		if ep.ID == id && i < len(c.byPos) {
+			return c.byPos[i]
+		}
+	}
+	return 0
+}
+
+// isHit applies the rule's share to m matched blocks of the prompt.
+func (c *kvChoice) isHit(m int) bool {
+	return m > 0 && float64(m) >= c.share*float64(c.total)
 }
 
 // route tokenizes and hashes the request and applies the selection law over
@@ -224,12 +260,15 @@ type kvChoice struct {
 // the miss.
 func (kv *kvRuntime) route(sc *kvScratch, v *fastjson.Value, kind openai.Kind, exclude *upstream.Endpoint) kvChoice {
 	var err error
+	// The match of the last request served with this scratch must not be
+	// read for this one before Match fills it.
+	sc.matched = sc.matched[:0]
 	sc.ids, err = kv.tok.tokens(sc.ids[:0], v, kind)
 	if err != nil {
-		return kvChoice{reason: "tokenize"}
+		return kvChoice{reason: "tokenize", share: kv.hitShare}
 	}
 	sc.keys = kv.hasher.BlockKeys(sc.keys[:0], sc.ids)
-	c := kvChoice{total: len(sc.keys), prompt: len(sc.ids)}
+	c := kvChoice{total: len(sc.keys), prompt: len(sc.ids), share: kv.hitShare}
 	if len(sc.keys) == 0 {
 		c.reason = "short"
 		return c
@@ -244,6 +283,7 @@ func (kv *kvRuntime) route(sc *kvScratch, v *fastjson.Value, kind openai.Kind, e
 		g.CheckRestarts()
 	}
 	kv.index.Match(sc.keys, sc.matched)
+	c.byPos, c.pool = sc.matched, kv.pool
 
 	var total int64
 	n := 0
@@ -303,22 +343,30 @@ func (kv *kvRuntime) route(sc *kvScratch, v *fastjson.Value, kind openai.Kind, e
 		maxHit = (len(sc.ids) - 1) / kv.blockSize
 	}
 	c.predicted = min(c.matched, maxHit) * kv.blockSize
-	if c.matched == 0 {
+	c.hit = c.isHit(c.matched)
+	switch {
+	case c.matched == 0:
 		c.reason = "spill"
+	case !c.hit:
+		c.reason = "partial"
 	}
 	return c
 }
 
-// routeLabel is the X-Llmgw-Route value of a KV decision.
+// routeLabel is the X-Llmgw-Route value of a KV decision: "hit=M/T" only
+// when the match reaches the rule's share, "partial=M/T" below it.
 func (c *kvChoice) routeLabel() string {
 	if c.ep == nil {
 		return "kv-exact miss=" + c.reason
 	}
-	label := "kv-exact hit=" + strconv.Itoa(c.matched) + "/" + strconv.Itoa(c.total)
-	if c.reason == "spill" {
-		label = "kv-exact spill hit=0/" + strconv.Itoa(c.total)
+	frac := strconv.Itoa(c.matched) + "/" + strconv.Itoa(c.total)
+	switch c.reason {
+	case "spill":
+		return "kv-exact spill hit=0/" + strconv.Itoa(c.total)
+	case "partial":
+		return "kv-exact partial=" + frac
 	}
-	return label
+	return "kv-exact hit=" + frac
 }
 
 // parityState is the self-check: the engine's reported cached tokens
@@ -459,9 +507,26 @@ func (s *Server) kvSelfCheck(rt *ruleRuntime, obs *kvObservation) {
 	}
 	s.metrics.kvParity.WithLabelValues(rt.rule.Name, outcome).Inc()
 	if raised {
-		s.log.Error("kv-exact hash parity broken: the engine's cache reuse does not match the gateway's prediction; check kvHashSeed (PYTHONHASHSEED), kvBlockSize and the tokenizer",
+		s.log.Error("kv-exact hash parity broken: the engine's cache reuse does not match the gateway's prediction; "+rt.kv.parityHint(),
 			"rule", rt.rule.Name, "mismatches_in_a_row", parityThreshold, "last", detail)
 	}
+}
+
+// parityHint says what to check when the engine's cache does not match the
+// gateway's hashes. Events rejected as malformed are named first: their
+// blocks are missing from the inventory whatever the hash settings, so
+// blaming kvHashSeed would send the operator the wrong way.
+func (kv *kvRuntime) parityHint() string {
+	var batches, events uint64
+	for _, g := range kv.ingest {
+		st := g.State()
+		batches += st.Malformed
+		events += st.MalformedEvents
+	}
+	if batches > 0 || events > 0 {
+		return fmt.Sprintf("KV events were lost (%d malformed responses dropped whole, %d malformed events rejected; llmgw_kv_malformed_batches_total, llmgw_kv_malformed_events_total), so the inventory lacks what they said: fix the engine's event stream before suspecting kvHashSeed, kvBlockSize or the tokenizer", batches, events)
+	}
+	return "check kvHashSeed (PYTHONHASHSEED), kvBlockSize and the tokenizer"
 }
 
 func (kv *kvRuntime) endpointStatus(i int) *EndpointKVStatus {
@@ -470,7 +535,7 @@ func (kv *kvRuntime) endpointStatus(i int) *EndpointKVStatus {
 	return &EndpointKVStatus{
 		Ready: healthy && conn && inv, Healthy: healthy, EventsConnected: conn, InventoryOrProof: inv,
 		InventoryBlocks: kv.index.Blocks(i), Admission: st.Admission, LastSeq: st.LastSeq, Events: st.Events,
-		Resyncs: st.Resyncs, LastResyncReason: st.LastResyncReason, Malformed: st.Malformed, Dropped: st.Dropped,
+		Resyncs: st.Resyncs, LastResyncReason: st.LastResyncReason, Malformed: st.Malformed, MalformedEvents: st.MalformedEvents, Dropped: st.Dropped,
 	}
 }
 
@@ -544,7 +609,7 @@ func (kv *kvRuntime) canaryLoop(ctx context.Context, s *Server, r *rule.Rule) {
 				kv.canary[i].Store(true)
 				s.log.Info("kv canary proved hash parity", "rule", r.Name, "endpoint", ep.ID)
 			} else {
-				s.log.Warn("kv canary: the endpoint's published block hashes do not include the gateway's; check kvHashSeed (PYTHONHASHSEED), kvBlockSize and the tokenizer", "rule", r.Name, "endpoint", ep.ID)
+				s.log.Warn("kv canary: the endpoint's published block hashes do not include the gateway's; "+kv.parityHint(), "rule", r.Name, "endpoint", ep.ID)
 			}
 		}
 		t.Reset(canaryEvery)

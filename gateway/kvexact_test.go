@@ -377,3 +377,62 @@ func TestKVExactEngineTokenizer(t *testing.T) {
 		t.Errorf("a repeated request was tokenized again (cache %d -> %d entries)", n, lt.cache.ll.Len())
 	}
 }
+
+// TestKVExactHitNeedsShare: a request sharing only a short preamble with a
+// warm worker is "partial", not a hit, unless the rule's kvHitMinShare says
+// any block counts; the decision records the match and the verdict.
+func TestKVExactHitNeedsShare(t *testing.T) {
+	for _, tc := range []struct {
+		name, extra string
+		wantRoute   string
+		wantHits    float64
+	}{
+		{name: "default share", wantRoute: "kv-exact partial=", wantHits: 1},
+		{name: "any block", extra: "kvHitMinShare: 0\n", wantRoute: "kv-exact hit=", wantHits: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := sim.Start(t.Context(), sim.Config{Engine: engines.VLLM, Model: "m", KVEvents: "tcp://127.0.0.1:0", BlockSize: 16, PrefillPerToken: time.Microsecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			gw := startGateway(t, "", nil)
+			y := strings.Replace(kvRule(t, "kv", "vllm", 16, []*sim.Sim{s}), "kvExactMode: 3\n", "kvExactMode: 3\n"+tc.extra, 1)
+			eff := mustApply(t, gw, y)
+			if tc.extra == "" && (eff.KVHitMinShare == nil || *eff.KVHitMinShare != rule.DefaultKVHitMinShare) {
+				t.Fatalf("effective kvHitMinShare %v, want the default %v", eff.KVHitMinShare, rule.DefaultKVHitMinShare)
+			}
+			rt := gw.rules["kv"]
+			eventually(t, 10*time.Second, "the event stream to connect", func() bool { _, conn, _ := rt.kv.ready(0); return conn })
+			c := newClient(t)
+			url := "http://" + gw.Addr() + "/v1/chat/completions"
+			preamble := "You are a helpful assistant."
+			// Warm the worker with the whole conversation, then repeat it:
+			// every block matches.
+			long := chatBodyFor(preamble, kvPrompt("retrieved document one", 10))
+			if resp, out := post(t, c, url, long); resp.StatusCode != 200 {
+				t.Fatalf("warm: %d %s", resp.StatusCode, out)
+			}
+			eventually(t, 10*time.Second, "the inventory to fill", func() bool { return rt.kv.index.Blocks(0) > 0 })
+			resp, _ := post(t, c, url, long)
+			if r := resp.Header.Get("X-Llmgw-Route"); !strings.HasPrefix(r, "kv-exact hit=") {
+				t.Fatalf("repeat: route %q, want a hit", r)
+			}
+			// Same preamble, another document: only the first block(s).
+			resp, _ = post(t, c, url, chatBodyFor(preamble, kvPrompt("a different document", 10)))
+			r := resp.Header.Get("X-Llmgw-Route")
+			if !strings.HasPrefix(r, tc.wantRoute) {
+				t.Fatalf("shared preamble only: route %q, want %q", r, tc.wantRoute)
+			}
+			ds := gw.decisions.list("kv", time.Time{})
+			last := ds[len(ds)-1]
+			if last.MatchedBlocks == nil || last.TotalBlocks == nil || last.Hit == nil ||
+				*last.MatchedBlocks < 1 || 2*(*last.MatchedBlocks) >= *last.TotalBlocks || *last.Hit != (tc.wantHits == 2) {
+				t.Errorf("decision %+v: want matched 1..<half of total and hit=%v", last, tc.wantHits == 2)
+			}
+			if n := gw.metricValue(t, "llmgw_kv_hits_total", "kv"); n != tc.wantHits {
+				t.Errorf("llmgw_kv_hits_total = %v, want %v", n, tc.wantHits)
+			}
+		})
+	}
+}

@@ -106,10 +106,10 @@ func newMetrics(s *Server) *metrics {
 	}, []string{"rule"})
 	reg.MustRegister(m.pdRequests, m.pdPrefillDuration, m.pdDecodeTTFT, m.pdKVParams, m.pdEarlyExit)
 	m.kvHits = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_kv_hits_total", Help: "KV-exact decisions that routed to an endpoint holding a prefix of the request.",
+		Name: "llmgw_kv_hits_total", Help: "KV-exact decisions that routed to an endpoint holding at least the rule's kvHitMinShare of the prompt's blocks.",
 	}, []string{"rule", "endpoint"})
 	m.kvMisses = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_kv_misses_total", Help: "KV-exact decisions that fell back to the rule's policy, by reason (tokenize, short, no_match, not_ready, overloaded, spill).",
+		Name: "llmgw_kv_misses_total", Help: "KV-exact decisions that were not hits, by reason: fell back to the rule's policy (tokenize, short, no_match, not_ready, overloaded), or chose an endpoint holding no block (spill) or less than kvHitMinShare of them (partial).",
 	}, []string{"rule", "reason"})
 	m.kvMatched = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "llmgw_kv_matched_blocks", Help: "Prefix blocks the chosen endpoint held, per KV-exact decision.",
@@ -211,7 +211,7 @@ func breakerValue(s upstream.BreakerState) int { return int(s) }
 
 // kvObserve records one KV-exact decision.
 func (m *metrics) kvObserve(rule string, c *kvChoice) {
-	if c.ep != nil && c.matched > 0 {
+	if c.ep != nil && c.hit {
 		m.kvHits.WithLabelValues(rule, c.ep.ID).Inc()
 	} else {
 		m.kvMisses.WithLabelValues(rule, c.reason).Inc()
@@ -222,19 +222,20 @@ func (m *metrics) kvObserve(rule string, c *kvChoice) {
 }
 
 var (
-	descKVBlocks    = prometheus.NewDesc("llmgw_kv_inventory_blocks", "Blocks in an endpoint's KV inventory.", []string{"rule", "endpoint"}, nil)
-	descKVConnected = prometheus.NewDesc("llmgw_kv_events_connected", "1 while the endpoint's KV event stream is connected (TRT-LLM: polled and admitted).", []string{"rule", "endpoint"}, nil)
-	descKVEvents    = prometheus.NewDesc("llmgw_kv_events_total", "KV events applied to an endpoint's inventory.", []string{"rule", "endpoint"}, nil)
-	descKVResyncs   = prometheus.NewDesc("llmgw_kv_resyncs_total", "Inventory clears after a sequence gap, regression, publisher restart or AllBlocksCleared.", []string{"rule", "endpoint"}, nil)
-	descKVMalformed = prometheus.NewDesc("llmgw_kv_malformed_batches_total", "KV event batches dropped as malformed.", []string{"rule", "endpoint"}, nil)
-	descKVBroken    = prometheus.NewDesc("llmgw_kv_parity_broken", "1 when the self-check sees the engine's cache reuse disagree with the gateway's hashes.", []string{"rule"}, nil)
+	descKVBlocks          = prometheus.NewDesc("llmgw_kv_inventory_blocks", "Blocks in an endpoint's KV inventory.", []string{"rule", "endpoint"}, nil)
+	descKVConnected       = prometheus.NewDesc("llmgw_kv_events_connected", "1 while the endpoint's KV event stream is connected (TRT-LLM: polled and admitted).", []string{"rule", "endpoint"}, nil)
+	descKVEvents          = prometheus.NewDesc("llmgw_kv_events_total", "KV events applied to an endpoint's inventory.", []string{"rule", "endpoint"}, nil)
+	descKVResyncs         = prometheus.NewDesc("llmgw_kv_resyncs_total", "Inventory clears after a sequence gap, regression, publisher restart or AllBlocksCleared.", []string{"rule", "endpoint"}, nil)
+	descKVMalformed       = prometheus.NewDesc("llmgw_kv_malformed_batches_total", "KV event batches dropped as malformed.", []string{"rule", "endpoint"}, nil)
+	descKVMalformedEvents = prometheus.NewDesc("llmgw_kv_malformed_events_total", "Single KV events (TensorRT-LLM) rejected as malformed inside an otherwise valid drain response; the drain's other events were applied.", []string{"rule", "endpoint"}, nil)
+	descKVBroken          = prometheus.NewDesc("llmgw_kv_parity_broken", "1 when the self-check sees the engine's cache reuse disagree with the gateway's hashes.", []string{"rule"}, nil)
 )
 
 // kvCollector reads KV ingestion state at scrape time.
 type kvCollector struct{ s *Server }
 
 func (c *kvCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descKVBlocks, descKVConnected, descKVEvents, descKVResyncs, descKVMalformed, descKVBroken} {
+	for _, d := range []*prometheus.Desc{descKVBlocks, descKVConnected, descKVEvents, descKVResyncs, descKVMalformed, descKVMalformedEvents, descKVBroken} {
 		ch <- d
 	}
 }
@@ -266,6 +267,7 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descKVEvents, prometheus.CounterValue, float64(st.Events), n, ep.ID)
 			ch <- prometheus.MustNewConstMetric(descKVResyncs, prometheus.CounterValue, float64(st.Resyncs), n, ep.ID)
 			ch <- prometheus.MustNewConstMetric(descKVMalformed, prometheus.CounterValue, float64(st.Malformed), n, ep.ID)
+			ch <- prometheus.MustNewConstMetric(descKVMalformedEvents, prometheus.CounterValue, float64(st.MalformedEvents), n, ep.ID)
 		}
 	}
 }

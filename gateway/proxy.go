@@ -344,6 +344,12 @@ func (s *Server) upstreamFailure(rt *ruleRuntime, ep *upstream.Endpoint, err err
 	name := rt.rule.Name
 	b := ep.Breaker()
 	switch {
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		// The gateway's own connection limit to this endpoint: nothing
+		// was sent, and the worker did not fail.
+		s.metrics.upstreamFailures.WithLabelValues(name, ep.ID, "not_sent").Inc()
+		s.metrics.requests.WithLabelValues(name, ep.ID, "502").Inc()
+		return fmt.Errorf("%w: endpoint %s (%s): the gateway's connection limit to it is reached", ErrUpstreamUnreachable, ep.ID, ep.Addr), true
 	case reusedNotSent(err):
 		// The redial met a dead pooled connection again: still nothing
 		// sent, and still not the worker's failure to connect.

@@ -234,6 +234,7 @@ type EndpointKVStatus struct {
 	Resyncs          uint64 `json:"resyncs"`
 	LastResyncReason string `json:"last_resync_reason,omitempty"`
 	Malformed        uint64 `json:"malformed"`
+	MalformedEvents  uint64 `json:"malformed_events"`
 	Dropped          uint64 `json:"dropped"`
 }
 

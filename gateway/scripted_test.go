@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // scripted is an upstream written on a raw net.Listener, for connection
@@ -22,7 +23,7 @@ import (
 // engine closes them when its keep-alive timeout passes; tests never wait
 // for a clock.
 type scripted struct {
-	t      *testing.T
+	t      testing.TB
 	ln     net.Listener
 	script func(c net.Conn, req *http.Request, body []byte, n int64) (keep bool)
 
@@ -34,7 +35,7 @@ type scripted struct {
 	wg       sync.WaitGroup
 }
 
-func newScripted(t *testing.T, script func(c net.Conn, req *http.Request, body []byte, n int64) bool) *scripted {
+func newScripted(t testing.TB, script func(c net.Conn, req *http.Request, body []byte, n int64) bool) *scripted {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -103,19 +104,36 @@ func (s *scripted) setIdle(c net.Conn, idle bool) {
 	}
 }
 
-// expireIdle closes every connection waiting for a request, as an engine
-// does when its keep-alive timeout passes, and returns once they are gone.
+// expireIdle closes every connection, as an engine does when its
+// keep-alive timeout passes, once each has finished its answer and waits
+// for the next request; it returns when they are gone.
 func (s *scripted) expireIdle() {
+	s.waitFor("every connection to finish its answer", func() bool { return len(s.idle) == len(s.open) })
 	s.mu.Lock()
 	for c := range s.idle {
 		_ = c.Close()
 	}
 	s.mu.Unlock()
-	eventually(s.t, 5e9, "idle connections to close", func() bool {
+	s.waitFor("idle connections to close", func() bool { return len(s.idle) == 0 })
+}
+
+// waitFor polls cond (called with s.mu held) until it holds, for at most
+// 5 s.
+func (s *scripted) waitFor(what string, cond func() bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
 		s.mu.Lock()
-		defer s.mu.Unlock()
-		return len(s.idle) == 0
-	})
+		ok := cond()
+		s.mu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("scripted upstream: timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func (s *scripted) close() {

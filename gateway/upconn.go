@@ -92,7 +92,12 @@ func freshConnPerRequest(p engines.ConnPolicy) bool {
 // pooled connection is found before a request is written to it. Every
 // failure is a *DialError: nothing reached the worker.
 func dialUpstream(addr string, o *connOpts) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", addr, o.connect)
+	// No TCP keep-alive probes: a pooled connection idles at most maxIdle
+	// (4 s for the engines known), well under the first probe (15 s), and
+	// a stream's silence is bounded by the idle timeout; the probes'
+	// socket options would only cost every new connection four system
+	// calls.
+	c, err := (&net.Dialer{Timeout: o.connect, KeepAlive: -1}).Dial("tcp", addr)
 	if err != nil {
 		return nil, &DialError{Addr: addr, Err: err}
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/llmgw/llmgw/gateway/upstream"
 )
 
@@ -235,6 +237,7 @@ func TestStatusForDialBeforeTimeout(t *testing.T) {
 		{"write failed on reused", &sendError{reused: true, err: io.ErrClosedPipe}, 502, "backend_failed", true, true},
 		{"write failed on fresh", &sendError{err: io.ErrClosedPipe}, 502, "backend_failed", true, false},
 		{"closed after send", io.EOF, 502, "backend_failed", false, false},
+		{"no free connection", fasthttp.ErrNoFreeConns, 502, "backend_failed", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, _, code := statusFor(tc.err)

@@ -259,6 +259,12 @@ func load(ctx context.Context, cfg Config, addr string, body []byte, acc *sample
 	}
 	wg.Wait()
 	acc.wall += time.Since(start)
+	if cfg.releaseBetweenSlices() {
+		// An engine that serves only a few connections at once holds one
+		// for each idle keep-alive connection: the next target's turn must
+		// not wait behind this one's.
+		c.CloseIdleConnections()
+	}
 	acc.dropped += int(dropped.Load())
 	for _, st := range stats {
 		acc.lat = append(acc.lat, st.lat...)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/llmgw/llmgw/bench/loadgen"
 	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all"
 	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
@@ -54,11 +55,16 @@ const (
 	// the reference proxies are; needs Config.GatewayBinary.
 	LLMGWProc = "llmgw-proc"
 	Nginx     = "nginx"
-	HAProxy   = "haproxy"
+	// NginxNoKeepAlive is nginx opening a new upstream connection per
+	// request (no upstream keepalive pool), its default.
+	NginxNoKeepAlive = "nginx-nokeepalive"
+	HAProxy          = "haproxy"
 )
 
 // AllTargets lists every target in report order.
-func AllTargets() []string { return []string{Direct, LLMGW, LLMGWProc, Nginx, HAProxy} }
+func AllTargets() []string {
+	return []string{Direct, LLMGW, LLMGWProc, Nginx, NginxNoKeepAlive, HAProxy}
+}
 
 // Config is one overhead benchmark.
 type Config struct {
@@ -92,6 +98,13 @@ type Config struct {
 	Upstream string
 	// Model is the model name sent ("m" for the built-in simulator).
 	Model string
+	// Engine is the built-in simulator's persona and the llmgw rule's
+	// kvEngineType, so llmgw treats upstream connections as that engine
+	// needs; "" is vLLM.
+	Engine engines.Kind
+	// NagleStall turns on the llama.cpp persona's reused-connection stall
+	// (sim.Config.NagleStall); only with Engine llamacpp.
+	NagleStall bool
 	// Targets to measure, from AllTargets; Direct is always measured
 	// first, as the baseline. Nginx and HAProxy are skipped with a note
 	// when not installed.
@@ -137,6 +150,14 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: unknown target %q; valid targets are %s", ErrParams, t, strings.Join(AllTargets(), ", "))
 		}
 	}
+	if c.Engine != "" {
+		if _, err := engines.ParseKind(string(c.Engine)); err != nil {
+			return fmt.Errorf("%w: engine: %w", ErrParams, err)
+		}
+	}
+	if c.NagleStall && c.Engine != engines.LlamaCpp {
+		return fmt.Errorf("%w: the nagle stall is a llama.cpp persona option; set engine llamacpp", ErrParams)
+	}
 	if c.Upstream != "" {
 		host, port, err := net.SplitHostPort(c.Upstream)
 		if err != nil {
@@ -150,6 +171,17 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// releaseBetweenSlices: the engine serves a bounded number of connections
+// (engines.ConnPolicy.ServingConns, llama.cpp), so the load client closes
+// its idle connections at the end of each target's turn.
+func (c Config) releaseBetweenSlices() bool {
+	if c.Engine == "" {
+		return false
+	}
+	a, err := engines.For(c.Engine)
+	return err == nil && a.Conn().ServingConns > 0
 }
 
 func slicesContains(list []string, s string) bool {
@@ -204,6 +236,8 @@ type Report struct {
 	PromptBytes    int            `json:"prompt_bytes"`
 	DecodePerToken time.Duration  `json:"decode_per_token_ns"`
 	Upstream       string         `json:"upstream"`
+	Engine         string         `json:"engine,omitempty"`
+	NagleStall     bool           `json:"nagle_stall,omitempty"`
 	Started        time.Time      `json:"started"`
 	Partial        bool           `json:"partial"`
 	Results        []TargetResult `json:"results"`
@@ -234,13 +268,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep := &Report{Mode: cfg.Mode, Concurrency: cfg.Concurrency, Duration: cfg.Duration, Slice: cfg.Slice, MaxRequests: cfg.MaxRequests,
 		Stream: cfg.Stream, PromptBytes: cfg.PromptBytes, DecodePerToken: cfg.DecodePerToken, Upstream: cfg.Upstream,
-		Started: time.Now().UTC()}
+		Engine: string(cfg.Engine), NagleStall: cfg.NagleStall, Started: time.Now().UTC()}
 	if cfg.Mode == OpenLoop {
 		rep.RPS = cfg.RPS
 	}
 	upstream := cfg.Upstream
 	if upstream == "" {
-		s, err := sim.Start(ctx, sim.Config{Engine: engines.VLLM, Model: cfg.Model, KVEvents: sim.KVEventsOff, DecodePerToken: cfg.DecodePerToken})
+		engine := cfg.Engine
+		if engine == "" {
+			engine = engines.VLLM
+		}
+		s, err := sim.Start(ctx, sim.Config{Engine: engine, Model: cfg.Model, KVEvents: sim.KVEventsOff, DecodePerToken: cfg.DecodePerToken, NagleStall: cfg.NagleStall})
 		if err != nil {
 			return nil, fmt.Errorf("overhead: start simulator: %w", err)
 		}
@@ -257,7 +295,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	for _, name := range cfg.Targets {
 		switch name {
 		case LLMGW:
-			addr, stop, err := startGateway(ctx, upstream, cfg.Logger)
+			addr, stop, err := startGateway(ctx, upstream, cfg.Engine, cfg.Logger)
 			if err != nil {
 				return nil, err
 			}
@@ -268,13 +306,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				targets = append(targets, target{name: name, skipped: "no llmgw binary given"})
 				continue
 			}
-			p, err := startLLMGWProcess(ctx, cfg.GatewayBinary, upstream)
+			p, err := startLLMGWProcess(ctx, cfg.GatewayBinary, upstream, cfg.Engine)
 			if err != nil {
 				return nil, err
 			}
 			defer p.stop()
 			targets = append(targets, target{name: name, addr: p.addr})
-		case Nginx, HAProxy:
+		case Nginx, NginxNoKeepAlive, HAProxy:
 			p, err := startProxy(ctx, name, upstream)
 			if errors.Is(err, ErrNotInstalled) {
 				targets = append(targets, target{name: name, skipped: "not installed (make bench-deps)"})
@@ -363,7 +401,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // startGateway runs an embedded llmgw with one round-robin rule over
 // upstream (probes off, so the request path is all that is measured).
-func startGateway(ctx context.Context, upstream string, log *slog.Logger) (string, func(), error) {
+func startGateway(ctx context.Context, upstream string, engine engines.Kind, log *slog.Logger) (string, func(), error) {
 	host, port, err := net.SplitHostPort(upstream)
 	if err != nil {
 		return "", nil, fmt.Errorf("overhead: upstream %q: %w", upstream, err)
@@ -371,7 +409,7 @@ func startGateway(ctx context.Context, upstream string, log *slog.Logger) (strin
 	if host == "localhost" {
 		host = "127.0.0.1"
 	}
-	r, err := rule.Decode([]byte(fmt.Sprintf("name: bench\nmodel_name: \"\"\nsel: 0\nprobe: {disabled: true}\nendpoints:\n  - {id: w1, endpointIP: %s, targetPort: %s}\n", host, port)))
+	r, err := rule.Decode([]byte(benchRule(host, port, engine)))
 	if err != nil {
 		return "", nil, fmt.Errorf("overhead: gateway rule: %w", err)
 	}
@@ -397,4 +435,15 @@ func startGateway(ctx context.Context, upstream string, log *slog.Logger) (strin
 		return "", nil, fmt.Errorf("overhead: gateway rule: %w", err)
 	}
 	return gw.Addr(), stop, nil
+}
+
+// benchRule is the llmgw targets' rule: one round-robin endpoint, probes
+// off, and the engine named so that llmgw handles its connections as that
+// engine needs.
+func benchRule(host, port string, engine engines.Kind) string {
+	e := ""
+	if engine != "" {
+		e = "kvEngineType: " + string(engine) + "\n"
+	}
+	return fmt.Sprintf("name: bench\nmodel_name: \"\"\nsel: 0\nprobe: {disabled: true}\n%sendpoints:\n  - {id: w1, endpointIP: %s, targetPort: %s}\n", e, host, port)
 }

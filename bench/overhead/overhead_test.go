@@ -261,6 +261,8 @@ func TestConfigFiles(t *testing.T) {
 		want      []string
 	}{
 		{"nginx", nginxConf("/d", "127.0.0.1:1", "127.0.0.1:2"), []string{"server 127.0.0.1:1;", "listen 127.0.0.1:2;", "proxy_buffering off", "keepalive 256"}},
+		{"nginx without upstream keep-alive", nginxConfPool("/d", "127.0.0.1:1", "127.0.0.1:2", false), []string{"upstream w { server 127.0.0.1:1; }", "location / { proxy_pass http://w; proxy_buffering off; }"}},
+		{"llmgw rule names the engine", benchRule("127.0.0.1", "1", "llamacpp"), []string{"kvEngineType: llamacpp\n", "targetPort: 1}"}},
 		{"haproxy", haproxyConf("127.0.0.1:1", "127.0.0.1:2"), []string{"server w1 127.0.0.1:1\n", "bind 127.0.0.1:2\n", "http-reuse always", "mode http"}},
 	}
 	for _, tc := range cases {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/internal/procgroup"
 )
 
@@ -62,6 +63,17 @@ func freeLoopbackAddr() (string, error) {
 // nginxConf is a keep-alive reverse proxy to upstream with buffering off,
 // so SSE chunks are forwarded as they arrive.
 func nginxConf(dir, upstream, listen string) string {
+	return nginxConfPool(dir, upstream, listen, true)
+}
+
+// nginxConfPool is nginxConf with (keepAlive) or without an upstream
+// keep-alive pool; without one nginx sends HTTP/1.0 with Connection: close,
+// a new upstream connection per request (its default).
+func nginxConfPool(dir, upstream, listen string, keepAlive bool) string {
+	pool, loc := " keepalive 256;", `proxy_http_version 1.1; proxy_set_header Connection ""; `
+	if !keepAlive {
+		pool, loc = "", ""
+	}
 	return fmt.Sprintf(`daemon off;
 worker_processes 2;
 pid %[1]s/nginx.pid;
@@ -71,13 +83,13 @@ http {
   access_log off;
   client_body_temp_path %[1]s;
   proxy_temp_path %[1]s;
-  upstream w { server %[2]s; keepalive 256; }
+  upstream w { server %[2]s;%[4]s }
   server {
     listen %[3]s;
-    location / { proxy_pass http://w; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
+    location / { proxy_pass http://w; %[5]sproxy_buffering off; }
   }
 }
-`, dir, upstream, listen)
+`, dir, upstream, listen, pool, loc)
 }
 
 // haproxyConf is HAProxy's equivalent: HTTP mode, keep-alive on both sides
@@ -104,7 +116,7 @@ backend w
 // startLLMGWProcess runs `bin serve` as a child process with one
 // round-robin rule (probes off) over upstream, so llmgw is measured as
 // nginx and HAProxy are: its own process, its own CPU share.
-func startLLMGWProcess(ctx context.Context, bin, upstream string) (*proxy, error) {
+func startLLMGWProcess(ctx context.Context, bin, upstream string, engine engines.Kind) (*proxy, error) {
 	host, port, err := net.SplitHostPort(upstream)
 	if err != nil {
 		return nil, fmt.Errorf("overhead: upstream %q: %w", upstream, err)
@@ -125,7 +137,7 @@ func startLLMGWProcess(ctx context.Context, bin, upstream string) (*proxy, error
 		return nil, fmt.Errorf("overhead: llmgw dir: %w", err)
 	}
 	rules := filepath.Join(dir, "rules.yaml")
-	ruleText := fmt.Sprintf("name: bench\nmodel_name: \"\"\nsel: 0\nprobe: {disabled: true}\nendpoints:\n  - {id: w1, endpointIP: %s, targetPort: %s}\n", host, port)
+	ruleText := benchRule(host, port, engine)
 	if err := os.WriteFile(rules, []byte(ruleText), 0o600); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("overhead: llmgw rules: %w", err)
@@ -140,9 +152,13 @@ func startLLMGWProcess(ctx context.Context, bin, upstream string) (*proxy, error
 // upstream, starts it in the foreground and waits until it accepts
 // connections. It returns ErrNotInstalled when the binary is missing.
 func startProxy(ctx context.Context, kind, upstream string) (*proxy, error) {
-	bin, err := exec.LookPath(kind)
+	exe := kind
+	if kind == NginxNoKeepAlive {
+		exe = Nginx
+	}
+	bin, err := exec.LookPath(exe)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrNotInstalled, kind)
+		return nil, fmt.Errorf("%w: %s", ErrNotInstalled, exe)
 	}
 	listen, err := freeLoopbackAddr()
 	if err != nil {
@@ -154,9 +170,9 @@ func startProxy(ctx context.Context, kind, upstream string) (*proxy, error) {
 	}
 	var args []string
 	switch kind {
-	case "nginx":
+	case Nginx, NginxNoKeepAlive:
 		path := filepath.Join(dir, "nginx.conf")
-		if err := os.WriteFile(path, []byte(nginxConf(dir, upstream, listen)), 0o600); err != nil {
+		if err := os.WriteFile(path, []byte(nginxConfPool(dir, upstream, listen, kind == Nginx)), 0o600); err != nil {
 			os.RemoveAll(dir)
 			return nil, fmt.Errorf("overhead: nginx config: %w", err)
 		}

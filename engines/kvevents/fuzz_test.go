@@ -77,3 +77,49 @@ func normalize(b Batch) Batch {
 	}
 	return out
 }
+
+// FuzzDecodeTRTItems checks that DecodeTRTItems never panics, agrees with
+// DecodeTRTEvents (which fails exactly when some item is rejected), and that
+// every event it accepts survives a marshal/decode round trip.
+func FuzzDecodeTRTItems(f *testing.F) {
+	for _, s := range []string{
+		trtGolden, `[]`, `[{"event_id":1,"data":{"type":"removed","block_hashes":[1.5]},"window_size":4}]`,
+		`[{"event_id":1,"data":{"type":"removed","block_hashes":[2]}},{"event_id":"x"},{}]`,
+		`[{"event_id":1,"data":{"type":"offloaded"}}]`, `[1,"a",null]`, `[{"event_id":18446744073709551615,"data":{"type":"created","num_blocks_per_cache_level":[]}}]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		items, err := DecodeTRTItems(body, 64)
+		evs, strictErr := DecodeTRTEvents(body, 64)
+		if err != nil {
+			if strictErr == nil {
+				t.Fatalf("items failed (%v) but the strict decoder accepted %d events", err, len(evs))
+			}
+			return
+		}
+		bad := 0
+		var good []TRTEvent
+		for _, it := range items {
+			if it.Err != nil {
+				bad++
+				continue
+			}
+			good = append(good, it.Event)
+		}
+		if (bad > 0) != (strictErr != nil) {
+			t.Fatalf("%d rejected items, strict decoder error %v", bad, strictErr)
+		}
+		if len(good) == 0 {
+			return
+		}
+		out, err := MarshalTRTEvents(good)
+		if err != nil {
+			return // e.g. an unknown type whose raw object does not re-encode
+		}
+		again, err := DecodeTRTEvents(out, 64)
+		if err != nil || len(again) != len(good) {
+			t.Fatalf("round trip of %d accepted events: %d events, %v\n%s", len(good), len(again), err, out)
+		}
+	})
+}

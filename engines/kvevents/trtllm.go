@@ -40,7 +40,15 @@ type TRTEvent struct {
 	// the sequence number.
 	EventID uint64
 	Data    TRTEventData
-	// WindowSize is the attention window the event's cache belongs to.
+	// WindowSize is the attention window the event's cache belongs to; 0
+	// when the event carries none. TensorRT-LLM's executor declares it a
+	// required SizeType32 (NVIDIA/TensorRT-LLM@879039f6,
+	// cpp/include/tensorrt_llm/executor/executor.h, struct KVCacheEvent) and
+	// its serializer always writes it (tensorrt_llm/_utils.py,
+	// KVCacheEventSerializer.to_json_str), but executors from before
+	// variable sliding-window attention had no window in KVCacheEvent at
+	// all, so a consumer must not reject an event for lacking it: such an
+	// engine has a single window.
 	WindowSize int64
 	// AttentionDPRank is present only with attention data parallelism.
 	AttentionDPRank *int64
@@ -178,8 +186,10 @@ func appendTRTEvent(b []byte, e *TRTEvent) ([]byte, error) {
 	if b, err = appendTRTData(b, &e.Data); err != nil {
 		return nil, err
 	}
-	b = append(b, `,"window_size":`...)
-	b = strconv.AppendInt(b, e.WindowSize, 10)
+	if e.WindowSize != 0 {
+		b = append(b, `,"window_size":`...)
+		b = strconv.AppendInt(b, e.WindowSize, 10)
+	}
 	if e.AttentionDPRank != nil {
 		b = append(b, `,"attention_dp_rank":`...)
 		b = strconv.AppendInt(b, *e.AttentionDPRank, 10)
@@ -363,8 +373,41 @@ type trtDiffWire struct {
 // of unknown fields and unknown data types (kept in TRTEventData.Raw). It
 // stops with ErrTRTTooMany as soon as the array holds more than maxEvents
 // items (<= 0 means DefaultTRTMaxEvents). Errors wrap ErrTRTMalformed or
-// ErrTRTTooMany; no input makes it panic.
+// ErrTRTTooMany; no input makes it panic. One malformed event fails the
+// whole body; DecodeTRTItems rejects only that event.
 func DecodeTRTEvents(body []byte, maxEvents int) ([]TRTEvent, error) {
+	items, err := DecodeTRTItems(body, maxEvents)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TRTEvent, 0, len(items))
+	for i := range items {
+		if items[i].Err != nil {
+			return nil, fmt.Errorf("event %d: %w", i, items[i].Err)
+		}
+		out = append(out, items[i].Event)
+	}
+	return out, nil
+}
+
+// TRTItem is one element of a /kv_cache_events array.
+type TRTItem struct {
+	Event TRTEvent
+	// Err, when set, is why this element is not a valid event (it wraps
+	// ErrTRTMalformed); Event then holds only its EventID, and only when
+	// HasID.
+	Err   error
+	HasID bool
+}
+
+// DecodeTRTItems decodes a /kv_cache_events body element by element, with
+// DecodeTRTEvents' rules, but a well-formed JSON element that is not a
+// valid event is returned with its Err instead of failing the body: the
+// drain is destructive, so rejecting a whole response for one bad event
+// would lose every other event in it. The body itself must be a JSON array
+// of at most maxEvents elements; otherwise the error wraps ErrTRTMalformed
+// or ErrTRTTooMany and no items are returned.
+func DecodeTRTItems(body []byte, maxEvents int) ([]TRTItem, error) {
 	if maxEvents <= 0 {
 		maxEvents = DefaultTRTMaxEvents
 	}
@@ -373,20 +416,17 @@ func DecodeTRTEvents(body []byte, maxEvents int) ([]TRTEvent, error) {
 	if err != nil || tok != json.Delim('[') {
 		return nil, fmt.Errorf("%w: body is not a JSON array", ErrTRTMalformed)
 	}
-	var out []TRTEvent
+	out := []TRTItem{}
 	for dec.More() {
 		if len(out) == maxEvents {
 			return nil, fmt.Errorf("%w: more than %d", ErrTRTTooMany, maxEvents)
 		}
-		var w trtEventWire
-		if err := dec.Decode(&w); err != nil {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			// Not even JSON: the rest of the array cannot be found.
 			return nil, fmt.Errorf("%w: event %d: %w", ErrTRTMalformed, len(out), err)
 		}
-		ev, err := w.event()
-		if err != nil {
-			return nil, fmt.Errorf("event %d: %w", len(out), err)
-		}
-		out = append(out, ev)
+		out = append(out, decodeTRTItem(raw))
 	}
 	if tok, err := dec.Token(); err != nil || tok != json.Delim(']') {
 		return nil, fmt.Errorf("%w: unterminated array", ErrTRTMalformed)
@@ -394,10 +434,31 @@ func DecodeTRTEvents(body []byte, maxEvents int) ([]TRTEvent, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: data after the array", ErrTRTMalformed)
 	}
-	if out == nil {
-		out = []TRTEvent{}
-	}
 	return out, nil
+}
+
+func decodeTRTItem(raw json.RawMessage) TRTItem {
+	var w trtEventWire
+	if err := json.Unmarshal(raw, &w); err != nil {
+		it := TRTItem{Err: fmt.Errorf("%w: %w", ErrTRTMalformed, err)}
+		// The id may still be readable when another field is wrong.
+		var id struct {
+			EventID *uint64 `json:"event_id"`
+		}
+		if json.Unmarshal(raw, &id) == nil && id.EventID != nil {
+			it.Event.EventID, it.HasID = *id.EventID, true
+		}
+		return it
+	}
+	ev, err := w.event()
+	if err != nil {
+		it := TRTItem{Err: err}
+		if w.EventID != nil {
+			it.Event.EventID, it.HasID = *w.EventID, true
+		}
+		return it
+	}
+	return TRTItem{Event: ev, HasID: true}
 }
 
 func missing(what string) error { return fmt.Errorf("%w: missing %s", ErrTRTMalformed, what) }
@@ -406,13 +467,13 @@ func (w *trtEventWire) event() (TRTEvent, error) {
 	if w.EventID == nil {
 		return TRTEvent{}, missing("event_id")
 	}
-	if w.WindowSize == nil {
-		return TRTEvent{}, missing("window_size")
-	}
 	if len(w.Data) == 0 || bytes.Equal(w.Data, []byte("null")) {
 		return TRTEvent{}, missing("data")
 	}
-	ev := TRTEvent{EventID: *w.EventID, WindowSize: *w.WindowSize, AttentionDPRank: w.AttentionDPRank, LayerGroupID: w.LayerGroupID}
+	ev := TRTEvent{EventID: *w.EventID, AttentionDPRank: w.AttentionDPRank, LayerGroupID: w.LayerGroupID}
+	if w.WindowSize != nil {
+		ev.WindowSize = *w.WindowSize
+	}
 	if w.HashAlgo != nil {
 		ev.HashAlgo = *w.HashAlgo
 	}

@@ -87,6 +87,13 @@ func TestTRTDecodeTolerance(t *testing.T) {
 		{"empty_array", `[]`, []TRTEvent{}},
 		{"whitespace", " \n[ ]\n", []TRTEvent{}},
 		{
+			// Executors before variable sliding-window attention have no
+			// window in KVCacheEvent; WindowSize 0 says so.
+			"missing_window_size",
+			`[{"event_id":9,"data":{"type":"removed","block_hashes":[1]}}]`,
+			[]TRTEvent{{EventID: 9, Data: TRTEventData{Type: TRTRemoved, BlockHashes: []TRTHash{{Value: 1}}}}},
+		},
+		{
 			"unknown_fields",
 			`[{"event_id":9,"new_top":true,"data":{"type":"removed","block_hashes":[1],"extra":{"a":[1,2]}},"window_size":32}]`,
 			[]TRTEvent{{EventID: 9, WindowSize: 32, Data: TRTEventData{Type: TRTRemoved, BlockHashes: []TRTHash{{Value: 1}}}}},
@@ -135,7 +142,6 @@ func TestTRTDecodeRejects(t *testing.T) {
 		{"unterminated", `[{"event_id":1,"data":{"type":"created","num_blocks_per_cache_level":[]},"window_size":1}`, 0, ErrTRTMalformed},
 		{"too_many", `[` + strings.Repeat(`{"event_id":1,"data":{"type":"removed","block_hashes":[]},"window_size":1},`, 3) + `{}]`, 3, ErrTRTTooMany},
 		{"missing_event_id", `[{"data":{"type":"removed","block_hashes":[]},"window_size":1}]`, 0, ErrTRTMalformed},
-		{"missing_window", `[{"event_id":1,"data":{"type":"removed","block_hashes":[]}}]`, 0, ErrTRTMalformed},
 		{"missing_data", `[{"event_id":1,"window_size":1}]`, 0, ErrTRTMalformed},
 		{"missing_type", ev(`{"block_hashes":[]}`), 0, ErrTRTMalformed},
 		{"string_event_id", `[{"event_id":"1","data":{"type":"removed","block_hashes":[]},"window_size":1}]`, 0, ErrTRTMalformed},
@@ -163,6 +169,38 @@ func TestTRTDecodeRejects(t *testing.T) {
 				t.Fatalf("got %v (events %+v), want error %v", err, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestDecodeTRTItemsRejectsOnlyTheBadEvent: a malformed element is returned
+// with its error (and its id when readable) between the good ones.
+func TestDecodeTRTItemsRejectsOnlyTheBadEvent(t *testing.T) {
+	body := `[{"event_id":1,"data":{"type":"removed","block_hashes":[1]},"window_size":4},` +
+		`{"event_id":2,"data":{"type":"removed","block_hashes":[1.5]},"window_size":4},` +
+		`{"event_id":"3","data":{"type":"removed","block_hashes":[]}},` +
+		`{"event_id":4,"data":{"type":"removed","block_hashes":[2]}}]`
+	items, err := DecodeTRTItems([]byte(body), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type got struct {
+		id    uint64
+		hasID bool
+		bad   bool
+	}
+	var g []got
+	for _, it := range items {
+		if it.Err != nil && !errors.Is(it.Err, ErrTRTMalformed) {
+			t.Errorf("item error %v does not wrap ErrTRTMalformed", it.Err)
+		}
+		g = append(g, got{it.Event.EventID, it.HasID, it.Err != nil})
+	}
+	want := []got{{1, true, false}, {2, true, true}, {0, false, true}, {4, true, false}}
+	if !reflect.DeepEqual(g, want) {
+		t.Errorf("items %+v, want %+v", g, want)
+	}
+	if _, err := DecodeTRTEvents([]byte(body), 0); !errors.Is(err, ErrTRTMalformed) {
+		t.Errorf("strict decoder: %v, want ErrTRTMalformed", err)
 	}
 }
 

@@ -139,6 +139,9 @@ type IngestState struct {
 	// Malformed counts batches (TRT: drain responses) that could not be
 	// decoded; they are dropped whole and the inventory is cleared.
 	Malformed uint64
+	// MalformedEvents counts single TRT events rejected as malformed inside
+	// an otherwise valid drain response; only that event is lost.
+	MalformedEvents uint64
 	// Dropped counts events that could not be applied: TRT stored events
 	// whose parent is unknown, or whose hashes are not 64-bit handles.
 	Dropped uint64

@@ -327,25 +327,61 @@ func (g *Ingester) applyTRTBody(body []byte) int {
 		g.resyncLocked(ReasonOversize)
 		return 0
 	}
-	evs, err := kvevents.DecodeTRTEvents(body, g.cfg.MaxEvents)
+	items, err := kvevents.DecodeTRTItems(body, g.cfg.MaxEvents)
 	if err != nil {
 		// The drain removed these events from the engine: whatever they
 		// said is lost, so the inventory can no longer be trusted.
 		g.st.Malformed++
-		g.log.Warn("undecodable kv_cache_events response", "err", err)
+		g.log.Warn("undecodable kv_cache_events response; the endpoint's KV inventory is cleared", "err", err)
 		g.resyncLocked(ReasonMalformed)
 		return 0
 	}
-	if len(evs) == 0 {
+	if len(items) == 0 {
 		return 0
 	}
-	for i := range evs {
-		g.applyTRTEventLocked(&evs[i])
+	var rejected int
+	var firstErr error
+	for i := range items {
+		it := &items[i]
+		if it.Err != nil {
+			// Only this event is lost. It still takes its place in the
+			// sequence (its own id when readable, else the next one:
+			// ids rise by one per event), so the events after it are
+			// not taken for a gap.
+			rejected++
+			if firstErr == nil {
+				firstErr = it.Err
+			}
+			switch {
+			case it.HasID && it.Event.EventID <= math.MaxInt64:
+				g.advanceSeqLocked(it.Event.EventID)
+			case !it.HasID && g.trt.lastSeq >= 0:
+				g.trt.lastSeq++
+			}
+			continue
+		}
+		g.applyTRTEventLocked(&it.Event)
 	}
-	g.st.Events += uint64(len(evs))
+	if rejected > 0 {
+		g.st.MalformedEvents += uint64(rejected)
+		g.log.Warn("malformed TRT-LLM KV events rejected; the other events of the drain were applied",
+			"rejected", rejected, "events", len(items), "first", firstErr)
+	}
+	g.st.Events += uint64(len(items) - rejected)
 	g.st.Batches++
 	g.st.LastEvent = time.Now()
-	return len(evs)
+	return len(items)
+}
+
+// advanceSeqLocked records a rejected event's id as seen, as an event of an
+// unknown type would be.
+func (g *Ingester) advanceSeqLocked(id uint64) {
+	t := g.trt
+	prior := t.lastSeq
+	t.lastSeq = int64(id)
+	if v := DecideSeq(prior, id, g.cfg.SeqWindow); !v.Keep {
+		g.resyncLocked(v.Reason)
+	}
 }
 
 func (g *Ingester) applyTRTEventLocked(ev *kvevents.TRTEvent) {
@@ -433,9 +469,14 @@ func (g *Ingester) applyTRTEventLocked(ev *kvevents.TRTEvent) {
 	}
 }
 
-// windowOK pins the first attention window seen and accepts only it.
+// windowOK pins the first attention window seen and accepts only it. An
+// event without a window (0: an executor from before variable sliding-window
+// attention, which has a single window) is accepted.
 func (g *Ingester) windowOK(w int64) bool {
 	t := g.trt
+	if w == 0 {
+		return true
+	}
 	if !t.hasWindow {
 		t.window, t.hasWindow = w, true
 	}

@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -324,7 +325,7 @@ func TestIngestTRTRules(t *testing.T) {
 		},
 		{
 			name:   "malformed_body_clears",
-			bodies: [][]byte{trtBody(t, created, storedEv(1, nil, ka)), []byte(`[{"event_id": "x"}]`), trtBody(t, storedEv(2, nil, ka))},
+			bodies: [][]byte{trtBody(t, created, storedEv(1, nil, ka)), []byte(`[{"event_id": x}]`), trtBody(t, storedEv(2, nil, ka))},
 			want:   keys[:1],
 			malf:   1, reason: ReasonMalformed,
 		},
@@ -361,6 +362,68 @@ func TestIngestTRTRules(t *testing.T) {
 			}
 			if st.LastResyncReason != tc.reason {
 				t.Errorf("resync reason: got %q, want %q", st.LastResyncReason, tc.reason)
+			}
+		})
+	}
+}
+
+// TestIngestTRTToleratesOneBadEvent: the drain is destructive, so one bad
+// event must not cost the others. An event without window_size (executors
+// before variable sliding-window attention) is applied; a malformed event
+// is rejected and counted alone, its id still advancing the sequence.
+func TestIngestTRTToleratesOneBadEvent(t *testing.T) {
+	const bs = 4
+	h, err := kvhash.New(kvhash.BlockHashTRTLLM, bs, "")
+	if err != nil {
+		t.Fatalf("kvhash.New: %v", err)
+	}
+	a, b := seqTokens(1, bs), seqTokens(11, bs)
+	ka := trtBlock(0, a)
+	kb := trtBlock(ka.BlockHash.Value, b)
+	keys := h.BlockKeys(nil, slices.Concat(a, b))
+	created := kvevents.TRTEvent{EventID: 0, Data: kvevents.TRTEventData{Type: kvevents.TRTCreated, NumBlocksPerCacheLevel: []int64{100, 0}}}
+	stored := func(id uint64, parent *kvevents.TRTHash, blk kvevents.TRTStoredBlock) kvevents.TRTEvent {
+		return kvevents.TRTEvent{EventID: id, Data: kvevents.TRTEventData{Type: kvevents.TRTStored, ParentHash: parent, Blocks: []kvevents.TRTStoredBlock{blk}}}
+	}
+	first := trtBody(t, created, stored(1, nil, ka))
+	second := trtBody(t, stored(3, &kvevents.TRTHash{Value: ka.BlockHash.Value}, kb))
+	// join splices raw JSON elements between two bodies' events.
+	join := func(mid string) []byte {
+		return []byte(string(first[:len(first)-1]) + "," + mid + "," + string(second[1:]))
+	}
+	noWindow := func(body []byte) []byte { return bytes.ReplaceAll(body, []byte(`,"window_size":4096`), nil) }
+	cases := []struct {
+		name      string
+		body      []byte
+		want      []uint64
+		malfEvent uint64
+	}{
+		{name: "missing_window_size_applied", body: noWindow(trtBody(t, created, stored(1, nil, ka), stored(2, &kvevents.TRTHash{Value: ka.BlockHash.Value}, kb))), want: keys},
+		{name: "bad_hash_rejected_alone", body: join(`{"event_id":2,"data":{"type":"removed","block_hashes":[1.5]},"window_size":4096}`), want: keys, malfEvent: 1},
+		{name: "bad_event_id_rejected_alone", body: join(`{"event_id":"two","data":{"type":"removed","block_hashes":[]}}`), want: keys, malfEvent: 1},
+		{name: "two_bad_events", body: join(`{"event_id":2,"data":{"type":"stored"}},{"event_id":2,"data":null}`), want: keys, malfEvent: 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newScriptedTRT(t, bs, tc.body)
+			x := New(1, 100)
+			g, err := NewIngester(IngestConfig{
+				Engine: engines.TRTLLM, HTTPBase: srv.srv.URL, BlockSize: bs,
+				PollMin: time.Millisecond, PollMax: 2 * time.Millisecond, HTTPClient: httpClient(t),
+			}, x)
+			if err != nil {
+				t.Fatalf("NewIngester: %v", err)
+			}
+			runIngester(t, g)
+			waitFor(t, "script consumed", func() bool { return srv.polls.Load() > 1 })
+			got := x.Keys(0, 0)
+			slices.Sort(got)
+			if want := slices.Sorted(slices.Values(tc.want)); !slices.Equal(got, want) {
+				t.Errorf("keys: got %v, want %v", got, want)
+			}
+			st := g.State()
+			if st.MalformedEvents != tc.malfEvent || st.Malformed != 0 || st.Resyncs != 0 {
+				t.Errorf("malformed events %d batches %d resyncs %d (%s); want %d 0 0", st.MalformedEvents, st.Malformed, st.Resyncs, st.LastResyncReason, tc.malfEvent)
 			}
 		})
 	}

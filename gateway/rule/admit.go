@@ -106,6 +106,7 @@ const (
 	CodeKVBlockSize          = "kv_block_size"
 	CodeKVZmqPort            = "kv_zmq_port"
 	CodeKVWarmupSec          = "kv_warmup_sec"
+	CodeKVHitMinShare        = "kv_hit_min_share"
 	CodeKVTokenizer          = "kv_tokenizer"
 	CodeSessionHeader        = "session_header"
 	CodeSessionHeaderSel     = "session_header_sel"
@@ -560,6 +561,14 @@ func checkKVFields(r *Rule) *AdmissionError {
 	}
 	if r.KVWarmupSec < 0 {
 		return bad(CodeKVWarmupSec, "kvWarmupSec", "kvWarmupSec must not be negative, got %d", r.KVWarmupSec)
+	}
+	if v := r.KVHitMinShare; v != nil {
+		if r.KVExactMode != 1 && r.KVExactMode != 3 {
+			return bad(CodeKVHitMinShare, "kvHitMinShare", "kvHitMinShare grades KV-exact decisions and needs kvExactMode 1 or 3; remove it")
+		}
+		if !(*v >= 0 && *v <= 1) { // also refuses NaN
+			return bad(CodeKVHitMinShare, "kvHitMinShare", "kvHitMinShare must be a share within 0..1 of the prompt's blocks (default %v), got %v", DefaultKVHitMinShare, *v)
+		}
 	}
 	return nil
 }

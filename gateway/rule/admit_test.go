@@ -15,6 +15,8 @@ func intp(v int) *int       { return &v }
 func strp(s string) *string { return &s }
 
 // plainRule is a valid round-robin rule with two workers.
+func share(v float64) *float64 { return &v }
+
 func plainRule() *Rule {
 	return &Rule{
 		Name:      "pool",
@@ -169,6 +171,12 @@ func TestAdmitRules(t *testing.T) {
 		{name: "zmq replay port fits", base: plainRule, mutate: func(r *Rule) { r.KVZmqPort = 64535 }},
 		{name: "zmq replay port overflows with ranks", base: plainRule, mutate: func(r *Rule) { r.KVZmqPort = 64535; r.KVDpRankCount = 2 }, wantCode: CodeKVZmqPort},
 		{name: "warmup negative", base: plainRule, mutate: func(r *Rule) { r.KVWarmupSec = -1 }, wantCode: CodeKVWarmupSec},
+		{name: "hit share quarter", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare = 3, 8, share(0.25) }},
+		{name: "hit share zero counts any block", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare = 3, 8, share(0) }},
+		{name: "hit share whole prompt", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare = 3, 8, share(1) }},
+		{name: "hit share over one", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare = 3, 8, share(1.5) }, wantCode: CodeKVHitMinShare, wantField: "kvHitMinShare"},
+		{name: "hit share negative", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare = 3, 8, share(-0.1) }, wantCode: CodeKVHitMinShare},
+		{name: "hit share without kv-exact", base: plainRule, mutate: func(r *Rule) { r.KVHitMinShare = share(0.5) }, wantCode: CodeKVHitMinShare},
 		{name: "tokenizer missing file", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = filepath.Join(t.TempDir(), "nope.json") }, wantCode: CodeKVTokenizer},
 		{name: "tokenizer directory", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = t.TempDir() }, wantCode: CodeKVTokenizer},
 		{name: "tokenizer file", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = tokFile }},

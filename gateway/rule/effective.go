@@ -16,6 +16,10 @@ const (
 	DefaultKVDpRankCount = 1
 	DefaultKVHashSeed    = "0"
 	DefaultKVEngineType  = string(engines.VLLM)
+	// DefaultKVHitMinShare: a KV-exact decision is a hit when the chosen
+	// endpoint holds at least half of the prompt's full blocks. One block
+	// of a shared system preamble is not a hit.
+	DefaultKVHitMinShare = 0.5
 
 	DefaultCBFailures       = 5
 	DefaultCBFailuresPD     = 3
@@ -75,6 +79,10 @@ func (r *Rule) Clone() *Rule {
 		b := *r.CBEnable
 		c.CBEnable = &b
 	}
+	if r.KVHitMinShare != nil {
+		v := *r.KVHitMinShare
+		c.KVHitMinShare = &v
+	}
 	if r.BackendTLS != nil {
 		t := *r.BackendTLS
 		c.BackendTLS = &t
@@ -129,6 +137,10 @@ func (r *Rule) Effective() *Rule {
 	}
 	if e.KVDpRankCount == 0 {
 		e.KVDpRankCount = DefaultKVDpRankCount
+	}
+	if e.KVHitMinShare == nil && (e.KVExactMode == 1 || e.KVExactMode == 3) {
+		v := DefaultKVHitMinShare
+		e.KVHitMinShare = &v
 	}
 	if e.PDBootstrapPort == 0 && e.PDDisaggMode {
 		if a := adapterOf(e); a != nil && a.PD() != nil {

@@ -35,6 +35,12 @@ type Rule struct {
 	KVZmqPort     int     `json:"kvZmqPort,omitempty"`
 	KVDpRankCount int     `json:"kvDpRankCount,omitempty"`
 	KVWarmupSec   int     `json:"kvWarmupSec,omitempty"`
+	// KVHitMinShare is the share of the prompt's full blocks the chosen
+	// endpoint must already hold for a KV-exact decision to count as a hit
+	// (X-Llmgw-Route "kv-exact hit=", llmgw_kv_hits_total, the decision's
+	// "hit"). Below it the decision is "partial". 0..1; nil = default 0.5
+	// (kv-exact rules only); 0 counts any matched block, as before.
+	KVHitMinShare *float64 `json:"kvHitMinShare,omitempty"`
 	// KVTokenizer: "" or "builtin" (the simulator's tokenizer), "engine" (ask a
 	// worker's /tokenize), or a path to a tokenizer.json.
 	KVTokenizer string `json:"kvTokenizer,omitempty"`

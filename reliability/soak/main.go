@@ -60,7 +60,7 @@ func main() {
 	flag.Float64Var(&o.errorRate, "engine-error-rate", 0.001, "injected engine 5xx rate on the third worker (to prove the classification)")
 	flag.IntVar(&o.maxTokens, "max-tokens", 16, "max_tokens of every request")
 	flag.IntVar(&o.inflight, "max-inflight", 4000, "cap on concurrent requests; a tick that finds the cap reached is counted as shed")
-	flag.DurationVar(&o.drain, "drain", 150*time.Second, "after the load, how long to wait for the gateway's fds and goroutines to return to their pre-load level (its idle worker connections live 90 s)")
+	flag.DurationVar(&o.drain, "drain", 150*time.Second, "after the load, how long to wait for the gateway's fds and goroutines to return to their pre-load level (its idle worker connections live 4 s for the known engines, 90 s when the engine's keep-alive timeout is not known)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

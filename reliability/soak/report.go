@@ -84,7 +84,7 @@ func writeReport(o options, c *counters, ss []sample, elapsed time.Duration, d d
 	fmt.Fprintf(&md, "| **5xx caused by the gateway** (no X-Llmgw-Endpoint) | **%d** |\n| 5xx from the engine, relayed (injected error_rate on w3) | %d |\n", c.gateway5xx.Load(), c.engine5xx.Load())
 	fmt.Fprintf(&md, "| 4xx | %d |\n| transport errors (connect, reset, timeout, bad body) | %d |\n| streams without [DONE] or with an error event | %d |\n| shed by the load generator (in-flight cap %d) | %d |\n\n",
 		c.other4xx.Load(), c.transport.Load(), c.brokenStream.Load(), o.inflight, c.shed.Load())
-	fmt.Fprintf(&md, "## Gateway resources (from its /metrics)\n\nFirst/last third = median of the samples under load. After the load: right away (the gateway still pools its worker connections, 90 s idle timeout) and after the drain wait.\n\n")
+	fmt.Fprintf(&md, "## Gateway resources (from its /metrics)\n\nFirst/last third = median of the samples under load. After the load: right away (the gateway still pools its worker connections: 4 s idle for engines with a 5 s keep-alive timeout, 90 s for an engine whose timeout is not known) and after the drain wait.\n\n")
 	fmt.Fprintf(&md, "| series | before the load | first third | last third | max under load | right after | after the drain | flat |\n|---|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, tr := range trends {
 		t := tr.t

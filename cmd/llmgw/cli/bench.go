@@ -13,6 +13,7 @@ import (
 
 	"github.com/llmgw/llmgw/bench/overhead"
 	"github.com/llmgw/llmgw/bench/routing"
+	"github.com/llmgw/llmgw/engines"
 )
 
 func newBenchCmd(io *IOStreams) *cobra.Command {
@@ -55,6 +56,8 @@ type BenchOverheadOptions struct {
 	Upstream       string
 	Model          string
 	Targets        string
+	Engine         string
+	NagleStall     bool
 	Format         string
 	JSONFile       string
 }
@@ -104,7 +107,9 @@ with one request before any load is sent; an unreachable one ends the run.`,
 	f.DurationVar(&opts.DecodePerToken, "decode-per-token", 0, "simulated engine's delay per generated token (spaces the stream's chunks)")
 	f.StringVar(&opts.Upstream, "upstream", "", "host:port of a running loopback OpenAI-compatible engine to use instead of the built-in simulator")
 	f.StringVar(&opts.Model, "model", "m", "model name sent in requests")
-	f.StringVar(&opts.Targets, "targets", "llmgw,llmgw-proc,nginx,haproxy", "comma-separated targets besides the direct baseline: llmgw (embedded), llmgw-proc (this binary's serve as a child process), nginx, haproxy")
+	f.StringVar(&opts.Targets, "targets", "llmgw,llmgw-proc,nginx,haproxy", "comma-separated targets besides the direct baseline: llmgw (embedded), llmgw-proc (this binary's serve as a child process), nginx, nginx-nokeepalive (a new upstream connection per request), haproxy")
+	f.StringVar(&opts.Engine, "engine", "", "simulated engine persona and the llmgw rule's kvEngineType: vllm, sglang, trtllm or llamacpp (empty: vllm)")
+	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "with --engine llamacpp: the persona stalls answers on reused connections as llama-server does (~44 ms)")
 	f.StringVar(&opts.Format, "format", "markdown", "report on stdout: markdown or json")
 	f.StringVar(&opts.JSONFile, "json", "", "also write the JSON report to this file")
 	return cmd
@@ -113,14 +118,14 @@ with one request before any load is sent; an unreachable one ends the run.`,
 func (o *BenchOverheadOptions) config() (overhead.Config, error) {
 	cfg := overhead.Config{Mode: overhead.Mode(o.Mode), RPS: o.RPS, Concurrency: o.Concurrency, Duration: o.Duration, Slice: o.Slice,
 		MaxRequests: o.Requests, Warmup: o.Warmup, Stream: o.Stream, PromptBytes: o.PromptBytes, MaxTokens: o.MaxTokens,
-		DecodePerToken: o.DecodePerToken, Upstream: o.Upstream, Model: o.Model}
+		DecodePerToken: o.DecodePerToken, Upstream: o.Upstream, Model: o.Model, Engine: engines.Kind(o.Engine), NagleStall: o.NagleStall}
 	for _, t := range strings.Split(o.Targets, ",") {
 		if t = strings.TrimSpace(t); t != "" && t != overhead.Direct {
 			cfg.Targets = append(cfg.Targets, t)
 		}
 	}
 	if len(cfg.Targets) == 0 {
-		return cfg, usageErrorf("--targets: name at least one of llmgw, llmgw-proc, nginx, haproxy")
+		return cfg, usageErrorf("--targets: name at least one of llmgw, llmgw-proc, nginx, nginx-nokeepalive, haproxy")
 	}
 	if o.Format != "markdown" && o.Format != "json" {
 		return cfg, usageErrorf("--format %q: want markdown or json", o.Format)
