@@ -227,7 +227,9 @@ func (s *Server) handleDecisions(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleReady answers 200 when every rule has at least one available
-// endpoint, 503 otherwise, listing each rule's state.
+// endpoint and every data listener accepts connections, 503 otherwise,
+// listing each rule's state and each listener that cannot accept (with its
+// latest accept error, e.g. "accept4: too many open files").
 func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 	rules := s.Rules()
 	ready := true
@@ -236,11 +238,17 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 		detail[st.Rule.Name] = st.Status.Ready
 		ready = ready && st.Status.Ready
 	}
+	body := map[string]any{"ready": ready, "rules": detail}
+	if failing := s.acceptFailures(); len(failing) > 0 {
+		ready = false
+		body["ready"] = false
+		body["listeners_not_accepting"] = failing
+	}
 	code := http.StatusOK
 	if !ready {
 		code = http.StatusServiceUnavailable
 	}
-	writeJSON(w, code, map[string]any{"ready": ready, "rules": detail})
+	writeJSON(w, code, body)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -20,6 +20,7 @@ type metrics struct {
 	rejected           *prometheus.CounterVec
 	retries            *prometheus.CounterVec
 	clientCancels      *prometheus.CounterVec
+	acceptErrors       *prometheus.CounterVec
 	streamErrors       *prometheus.CounterVec
 	breakerTransitions *prometheus.CounterVec
 	probeTransitions   *prometheus.CounterVec
@@ -77,6 +78,10 @@ func newMetrics(s *Server) *metrics {
 			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05},
 		}, []string{"rule"}),
 	}
+	m.acceptErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_accept_errors_total", Help: "Failed accepts on a data-plane listener that were retried after a back-off, by listener address and reason (emfile, enfile, enobufs, enomem, aborted, timeout).",
+	}, []string{"listener", "reason"})
+	reg.MustRegister(m.acceptErrors)
 	m.pdRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmgw_pd_requests_total", Help: "P/D requests by phase (prefill, decode, complete) and status (success, timeout, error).",
 	}, []string{"rule", "phase", "status"})

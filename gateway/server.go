@@ -94,9 +94,10 @@ type listenRoutes struct {
 
 // dataListener is one fasthttp server on one address.
 type dataListener struct {
-	key string
-	ln  net.Listener
-	srv *fasthttp.Server
+	key   string
+	ln    net.Listener
+	retry *retryListener // the TCP listener under ln (TLS wraps it)
+	srv   *fasthttp.Server
 }
 
 // New validates cfg and opens the state directory. It starts nothing.
@@ -288,10 +289,12 @@ func (s *Server) ensureListener(key string) (*dataListener, error) {
 	if key == "" {
 		addr = s.cfg.Listen
 	}
-	ln, err := net.Listen("tcp", addr)
+	tcp, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: listen %s: %w", addr, err)
 	}
+	retry := newRetryListener(tcp, s.metrics.acceptErrors, s.log)
+	var ln net.Listener = retry
 	if s.cfg.TLSCert != "" {
 		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
 		if err != nil {
@@ -300,7 +303,7 @@ func (s *Server) ensureListener(key string) (*dataListener, error) {
 		}
 		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	}
-	l := &dataListener{key: key, ln: ln}
+	l := &dataListener{key: key, ln: ln, retry: retry}
 	l.srv = s.newDataServer(key)
 	s.listeners[key] = l
 	s.wg.Add(1)
@@ -311,6 +314,23 @@ func (s *Server) ensureListener(key string) (*dataListener, error) {
 		}
 	}()
 	return l, nil
+}
+
+// acceptFailures lists the data listeners that cannot accept connections
+// right now (address → latest accept error).
+func (s *Server) acceptFailures() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out map[string]string
+	for _, l := range s.listeners {
+		if failing, why := l.retry.acceptState(); failing {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[l.retry.addr] = why
+		}
+	}
+	return out
 }
 
 // publishLocked rebuilds the routing table from s.rules. Caller holds s.mu.
