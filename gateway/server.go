@@ -39,6 +39,14 @@ type Config struct {
 	StateDir string
 	// MaxBodyBytes bounds request bodies; default 8 MiB. Larger bodies get 413.
 	MaxBodyBytes int
+	// WriteTimeout bounds each write of a response to a client (the
+	// deadline moves with every chunk of a stream, so it bounds a stall, not
+	// a stream's length): a client that stops reading releases its worker
+	// after it. Default DefaultWriteTimeout.
+	WriteTimeout time.Duration
+	// BufferBudget bounds the bytes of response bodies the gateway holds in
+	// memory at once, over all requests. Default DefaultBufferBudget.
+	BufferBudget int64
 	// TLSCert and TLSKey, when both set, serve the data plane over TLS.
 	TLSCert, TLSKey string
 	// KVMaxBlocks bounds each endpoint's KV-exact inventory (blocks, LRU
@@ -51,6 +59,15 @@ type Config struct {
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
+
+// Defaults of Config.
+const (
+	// DefaultWriteTimeout is nginx's send_timeout default (60 s): the
+	// longest pause in a client's reading that does not cut it off.
+	DefaultWriteTimeout = 60 * time.Second
+	// DefaultBufferBudget is 256 MiB of buffered response bodies.
+	DefaultBufferBudget = 256 << 20
+)
 
 // Server is a running gateway. Create it with New, start it with Start, and
 // stop it with Close. Its methods are safe for concurrent use.
@@ -73,6 +90,7 @@ type Server struct {
 	clients   map[clientKey]*fasthttp.HostClient
 
 	decisions *decisionLog
+	budget    bufferBudget
 
 	adminSrv *http.Server
 	adminLn  net.Listener
@@ -117,6 +135,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.KVMaxBlocks <= 0 {
 		cfg.KVMaxBlocks = 1 << 20
 	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.BufferBudget <= 0 {
+		cfg.BufferBudget = DefaultBufferBudget
+	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return nil, errors.New("gateway: TLS needs both a certificate and a key (--tls-cert and --tls-key)")
 	}
@@ -140,6 +164,7 @@ func New(cfg Config) (*Server, error) {
 		clients:   map[clientKey]*fasthttp.HostClient{},
 		decisions: newDecisionLog(1024),
 	}
+	s.budget.limit = cfg.BufferBudget
 	s.metrics = newMetrics(s)
 	s.table.Store(&routeTable{byListen: map[string]*listenRoutes{}})
 	return s, nil
