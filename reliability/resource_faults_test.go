@@ -4,11 +4,14 @@ package reliability
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -125,4 +128,146 @@ func TestDescriptorExhaustionDoesNotKillTheDataPlane(t *testing.T) {
 		code, _ := rawGet(t, admin, abr, g.Admin, "/readyz")
 		return code == http.StatusOK
 	})
+}
+
+// TestClientLeavingCancelsTheWorkerRequest: a client that gives up on a
+// non-streaming request after 0.5 s (while the worker is still generating:
+// 200 ms a token, at least 8 tokens) has its worker request cancelled: the
+// simulator's receipt says so. Before the fix the worker ran to the end
+// (fasthttp does not read a connection while its handler runs, so the
+// gateway never saw the client leave). The delay from the client's close
+// to the worker's cancel is logged (measured, not asserted).
+func TestClientLeavingCancelsTheWorkerRequest(t *testing.T) {
+	s := startSim(t, "w1", "--kv-events", "off", "--decode-us-per-token", "200000")
+	g := startGW(t, "")
+	putRule(t, g, "r", ruleFor(t, "r", "", s))
+	const runs = 5
+	var worst time.Duration
+	for i := range runs {
+		c := newClient(t, 500*time.Millisecond)
+		r := chat(t.Context(), c, g.URL(), chatBody(fmt.Sprintf("leave %d", i), 100, false))
+		closed := time.Now()
+		if r.err == nil {
+			t.Fatalf("run %d: the request finished (%d) before the client's 0.5 s", i, r.status)
+		}
+		var rec harness.Receipt
+		eventually(t, 10*time.Second, "the sim's receipt of the abandoned request", func() bool {
+			rs, err := s.Receipts(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range rs {
+				if x.Cancelled && x.CancelledAt.After(closed.Add(-time.Second)) && !x.CancelledAt.Before(r.start) {
+					rec = x
+					return true
+				}
+			}
+			return false
+		})
+		lat := rec.CancelledAt.Sub(closed)
+		worst = max(worst, lat)
+		t.Logf("run %d: client closed %v after sending; worker cancelled %v after the close", i, closed.Sub(r.start).Round(time.Millisecond), lat.Round(100*time.Microsecond))
+		eventually(t, 5*time.Second, "the gateway to count the cancel", func() bool {
+			return metric(t, g, "llmgw_client_cancels_total") >= float64(i+1)
+		})
+	}
+	t.Logf("cancel latency over %d runs: worst %v", runs, worst.Round(100*time.Microsecond))
+}
+
+// procStatusKB reads one "Name:  N kB" field of /proc/<pid>/status.
+func procStatusKB(t *testing.T, pid int, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
+
+// TestLargeAnswersStreamWithinTheBudget: eight concurrent stream requests
+// answered by 100 MB non-SSE bodies (four with a Content-Length, four
+// chunked) all arrive whole, and the gateway's peak RSS (VmHWM) stays under
+// the buffer budget plus a fixed overhead. Before the fix each such body
+// was buffered up to 64 MiB (and cut there), so eight took the gateway past
+// 500 MB.
+func TestLargeAnswersStreamWithinTheBudget(t *testing.T) {
+	const (
+		size     = 100 << 20
+		parallel = 8
+		budget   = 32 << 20
+		// overhead: the Go runtime, fasthttp's buffers and pools, and the
+		// connections' 32 KiB copy buffers, measured at about 20 MB.
+		overhead = 48 << 20
+	)
+	chunk := bytes.Repeat([]byte("x"), 1<<20)
+	worker := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("X-Chunked") == "" {
+			w.Header().Set("Content-Length", strconv.Itoa(size))
+		}
+		for range size >> 20 {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = worker.Serve(ln) }()
+	t.Cleanup(func() { _ = worker.Close() })
+	g := startGW(t, "", "--buffer-budget-bytes", strconv.Itoa(budget))
+	putRule(t, g, "r", fmt.Sprintf("name: r\nmodel_name: m\nprobe: {disabled: true}\nendpoints:\n  - {id: w1, endpointIP: 127.0.0.1, targetPort: %s}\n", port(t, ln.Addr().String())))
+	base := procStatusKB(t, g.Pid(), "VmHWM")
+
+	type got struct {
+		n   int64
+		err error
+	}
+	results := make(chan got, parallel)
+	start := time.Now()
+	for i := range parallel {
+		go func() {
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, g.URL()+"/v1/chat/completions", strings.NewReader(chatBody("big", 2, true)))
+			if i%2 == 1 {
+				req.Header.Set("X-Chunked", "1")
+			}
+			resp, err := newClient(t, 2*time.Minute).Do(req)
+			if err != nil {
+				results <- got{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			n, err := io.Copy(io.Discard, resp.Body)
+			if err == nil && resp.StatusCode != 200 {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+			results <- got{n: n, err: err}
+		}()
+	}
+	for range parallel {
+		r := <-results
+		if r.err != nil || r.n != size {
+			t.Errorf("answer: %d bytes, err %v; want %d bytes", r.n, r.err, size)
+		}
+	}
+	took := time.Since(start)
+	peak := procStatusKB(t, g.Pid(), "VmHWM")
+	t.Logf("8 x 100 MB through the gateway in %v (%.0f MB/s); gateway peak RSS %d MiB (before: %d MiB); budget %d MiB + overhead %d MiB",
+		took.Round(time.Millisecond), float64(parallel*size)/took.Seconds()/1e6, peak>>10, base>>10, budget>>20, overhead>>20)
+	if peak<<10 > budget+overhead {
+		t.Errorf("gateway peak RSS %d MiB is over the budget %d MiB + overhead %d MiB", peak>>10, budget>>20, overhead>>20)
+	}
 }
