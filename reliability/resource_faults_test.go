@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -269,5 +270,87 @@ func TestLargeAnswersStreamWithinTheBudget(t *testing.T) {
 		took.Round(time.Millisecond), float64(parallel*size)/took.Seconds()/1e6, peak>>10, base>>10, budget>>20, overhead>>20)
 	if peak<<10 > budget+overhead {
 		t.Errorf("gateway peak RSS %d MiB is over the budget %d MiB + overhead %d MiB", peak>>10, budget>>20, overhead>>20)
+	}
+}
+
+// TestCurlSeesCutBodiesAsFailures: through a gateway child process, curl
+// exits non-zero on a worker body cut mid-way (chunked JSON, or short of
+// its Content-Length), and a 200 MB body arrives whole (it used to be cut
+// to 64 MiB under a matching Content-Length, curl exit 0).
+func TestCurlSeesCutBodiesAsFailures(t *testing.T) {
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		t.Skip("curl is not installed; the same cases run with a Go client in gateway.TestBrokenOrLargeBodiesAreNeverDeliveredAsComplete")
+	}
+	const big = 200 << 20
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				switch req.Header.Get("X-Case") {
+				case "chunked-cut":
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\na\r\n{\"id\":\"x\",\r\n")
+				case "length-cut":
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", 8<<20)
+					_, _ = c.Write(bytes.Repeat([]byte(" "), 2<<20))
+				case "big":
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", big)
+					chunk := bytes.Repeat([]byte("x"), 1<<20)
+					for range big >> 20 {
+						if _, err := c.Write(chunk); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	g := startGW(t, "")
+	putRule(t, g, "r", fmt.Sprintf("name: r\nmodel_name: m\nprobe: {disabled: true}\nendpoints:\n  - {id: w1, endpointIP: 127.0.0.1, targetPort: %s}\n", port(t, ln.Addr().String())))
+	cases := []struct {
+		name     string
+		wantExit bool // curl must fail
+		wantSize int
+	}{
+		{"chunked-cut", true, -1},
+		{"length-cut", true, -1},
+		{"big", false, big},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.CommandContext(t.Context(), curl, "-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_download}",
+				"-H", "X-Case: "+tc.name, "-H", "Content-Type: application/json",
+				"--data", chatBody("x", 2, true), g.URL()+"/v1/chat/completions")
+			out, err := cmd.Output()
+			var code, size int
+			fmt.Sscanf(string(out), "%d %d", &code, &size)
+			exit := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				exit = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("curl exit %d, status %d, %d bytes", exit, code, size)
+			if tc.wantExit && exit == 0 {
+				t.Errorf("curl exited 0 (status %d, %d bytes) on a cut body", code, size)
+			}
+			if !tc.wantExit && (exit != 0 || size != tc.wantSize) {
+				t.Errorf("curl exit %d with %d bytes; want 0 and %d", exit, size, tc.wantSize)
+			}
+		})
 	}
 }
