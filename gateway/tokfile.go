@@ -63,4 +63,3 @@ func fileKind(m os.FileMode) string {
 	}
 	return "special file"
 }
-
