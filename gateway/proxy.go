@@ -311,21 +311,21 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		// watch cancels it when the client closes while waiting.
 		resp.StreamBody = true
 		call := &upstreamCall{}
-		upstreamCalls.Store(req, call)
-		stopWatch := peerwatch.Watch(ctx.Conn(), call.cancel)
+		upstreamCalls.put(req, call)
+		watch := peerwatch.Watch(ctx.Conn(), call.cancel)
 		upStart := time.Now()
 		err = rt.clients[ep.Index].Do(req, resp)
-		upstreamCalls.Delete(req)
+		upstreamCalls.del(req)
 		fasthttp.ReleaseRequest(req)
 		if err != nil && call.isCancelled() {
-			stopWatch()
+			watch.Stop()
 			release()
 			fasthttp.ReleaseResponse(resp)
 			s.clientLeft(ctx, rt, ep)
 			return
 		}
 		if err != nil {
-			stopWatch()
+			watch.Stop()
 			release()
 			fasthttp.ReleaseResponse(resp)
 			timeout := isTimeout(err)
@@ -355,7 +355,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 				obs.predicted = kvc.predicted
 			}
 		}
-		s.relay(ctx, rt, ep, route, resp, call.body, stopWatch, release, start, upStart, obs)
+		s.relay(ctx, rt, ep, route, resp, call.body, watch, release, start, upStart, obs)
 		return
 	}
 	writeError(ctx, lastErr)
@@ -367,7 +367,7 @@ func isTimeout(err error) bool {
 }
 
 // relay copies the worker's response to the client. It owns resp, body,
-// stopWatch and release.
+// watch and release.
 //
 // A small body of known length is buffered (within the global budget), so
 // that a failure to read it is still a clean 502; every other body streams
@@ -379,7 +379,7 @@ func isTimeout(err error) bool {
 //
 // obs, when non-nil, collects the engine-reported cached tokens for the
 // KV-exact self-check.
-func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, route string, resp *fasthttp.Response, body *upstreamBody, stopWatch, release func(), start, upStart time.Time, obs *kvObservation) {
+func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, route string, resp *fasthttp.Response, body *upstreamBody, watch *peerwatch.Watcher, release func(), start, upStart time.Time, obs *kvObservation) {
 	status := resp.StatusCode()
 	if b := ep.Breaker(); b != nil {
 		switch {
@@ -408,7 +408,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 
 	ttfb := time.Since(upStart)
 	if body == nil { // no body: HEAD, 204, 304
-		stopWatch()
+		watch.Stop()
 		release()
 		fasthttp.ReleaseResponse(resp)
 		rt.obs.observe(ep.Index, ep.ID, status, time.Since(start), ttfb, ttfb)
@@ -420,14 +420,15 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 	// must be buffered to be given a Content-Length.
 	mustBuffer := cl < 0 && !ctx.Request.Header.IsHTTP11()
 	if mustBuffer || !sse && cl >= 0 && cl <= maxBufferedBody {
-		buf, held, err := s.readBuffered(body, cl, mustBuffer)
+		held, err := s.readBuffered(body, cl, mustBuffer)
 		switch {
 		case err == nil:
-			stopWatch()
+			watch.Stop()
 			upDur := time.Since(upStart)
 			release()
 			fasthttp.ReleaseResponse(resp)
-			ctx.Response.SetBodyStream(&heldBody{Reader: bytes.NewReader(buf), budget: &s.budget, n: held}, len(buf))
+			buf := held.buf
+			ctx.Response.SetBodyStream(held, len(buf))
 			if s.cfg.LogPayloads {
 				s.log.Debug("response payload", "rule", rt.rule.Name, "endpoint", ep.ID, "status", status, "body", string(buf))
 			}
@@ -440,7 +441,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 		case errors.Is(err, errBudgetStream):
 			// Over budget but streamable: relayed unbuffered below.
 		default:
-			stopWatch()
+			watch.Stop()
 			cancelled := body.call.isCancelled()
 			release()
 			fasthttp.ReleaseResponse(resp)
@@ -466,7 +467,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 	// Streamed: the body is read on fasthttp's connection goroutine as it
 	// writes, after this handler returns. From here a client that leaves
 	// shows as a failed write.
-	stopWatch()
+	watch.Stop()
 	if cl < 0 {
 		cl = -1
 	}
@@ -484,17 +485,16 @@ const maxBufferedBody = 1 << 20
 var errBudgetStream = errors.New("gateway: buffer budget spent; streaming")
 
 // readBuffered reads body (of length cl, or unknown when cl < 0) into
-// memory charged to the buffer budget, and returns it with the bytes
-// charged (heldBody gives them back). On error body is closed and nothing
-// is charged.
-func (s *Server) readBuffered(body *upstreamBody, cl int, mustBuffer bool) ([]byte, int64, error) {
+// memory charged to the buffer budget; the heldBody gives the charge back
+// once written. On error body is closed and nothing is charged.
+func (s *Server) readBuffered(body *upstreamBody, cl int, mustBuffer bool) (*heldBody, error) {
 	if cl >= 0 {
 		if !s.budget.acquire(int64(cl)) {
 			s.metrics.budgetExceeded.WithLabelValues("streamed").Inc()
-			return nil, 0, errBudgetStream
+			return nil, errBudgetStream
 		}
-		buf := make([]byte, cl)
-		_, err := io.ReadFull(body, buf)
+		h := newHeldBody(cl)
+		_, err := io.ReadFull(body, h.buf)
 		if err == nil {
 			// Read to the end so the connection can be pooled again.
 			var one [1]byte
@@ -505,14 +505,15 @@ func (s *Server) readBuffered(body *upstreamBody, cl int, mustBuffer bool) ([]by
 			}
 		}
 		body.Close()
+		h.hold(&s.budget, int64(cl))
 		if err != nil {
-			s.budget.release(int64(cl))
-			return nil, 0, err
+			_ = h.Close()
+			return nil, err
 		}
-		return buf, int64(cl), nil
+		return h, nil
 	}
 	// Unknown length (mustBuffer): charge as it grows.
-	var buf []byte
+	h := &heldBody{}
 	var held int64
 	chunk := make([]byte, 32<<10)
 	for {
@@ -522,19 +523,19 @@ func (s *Server) readBuffered(body *upstreamBody, cl int, mustBuffer bool) ([]by
 				body.Close()
 				s.budget.release(held)
 				s.metrics.budgetExceeded.WithLabelValues("refused").Inc()
-				return nil, 0, fmt.Errorf("%w: an HTTP/1.0 client needs the whole answer buffered (no chunked coding) and the %d-byte budget is spent (--buffer-budget-bytes)", ErrBufferBudget, s.budget.limit)
+				return nil, fmt.Errorf("%w: an HTTP/1.0 client needs the whole answer buffered (no chunked coding) and the %d-byte budget is spent (--buffer-budget-bytes)", ErrBufferBudget, s.budget.limit)
 			}
 			held += int64(n)
-			buf = append(buf, chunk[:n]...)
+			h.buf = append(h.buf, chunk[:n]...)
 		}
 		if err == io.EOF {
 			body.Close()
-			return buf, held, nil
+			return h.hold(&s.budget, held), nil
 		}
 		if err != nil {
 			body.Close()
 			s.budget.release(held)
-			return nil, 0, err
+			return nil, err
 		}
 	}
 }
@@ -563,15 +564,27 @@ func stripHopHeaders(src, dst interface {
 	Peek(string) []byte
 	Del(string)
 }) {
-	for _, tok := range bytes.Split(src.Peek("Connection"), []byte(",")) {
-		if name := bytes.TrimSpace(tok); len(name) > 0 {
-			dst.Del(string(name))
+	for rest := src.Peek("Connection"); len(rest) > 0; {
+		tok := rest
+		if i := bytes.IndexByte(rest, ','); i >= 0 {
+			tok, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		tok = bytes.TrimSpace(tok)
+		if len(tok) > 0 && !bytes.EqualFold(tok, strClose) && !bytes.EqualFold(tok, strKeepAlive) {
+			dst.Del(string(tok))
 		}
 	}
 	for _, h := range hopHeaders {
 		dst.Del(h)
 	}
 }
+
+var (
+	strClose     = []byte("close")
+	strKeepAlive = []byte("keep-alive")
+)
 
 // containsAcross reports whether marker occurs in the byte stream whose
 // previous bytes end in tail and whose next bytes are b; it updates tail.

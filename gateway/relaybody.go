@@ -36,16 +36,48 @@ func (b *bufferBudget) acquire(n int64) bool {
 func (b *bufferBudget) release(n int64) { b.used.Add(-n) }
 
 // heldBody is a buffered body as the client's response stream; fasthttp
-// closes it once written, which gives its bytes back to the budget.
+// closes it once written, which gives its bytes back to the budget and its
+// buffer back to the pool.
 type heldBody struct {
-	*bytes.Reader
+	bytes.Reader
+	buf    []byte
 	budget *bufferBudget
 	n      int64
-	once   sync.Once
 }
 
+// smallBodies pools heldBodies with buffers of up to smallBodyCap bytes,
+// the size of most non-streamed completions.
+const smallBodyCap = 64 << 10
+
+var smallBodies = sync.Pool{New: func() any { return &heldBody{buf: make([]byte, 0, smallBodyCap)} }}
+
+// newHeldBody returns a heldBody with a buffer of length n.
+func newHeldBody(n int) *heldBody {
+	if n <= smallBodyCap {
+		h := smallBodies.Get().(*heldBody)
+		h.buf = h.buf[:n]
+		return h
+	}
+	return &heldBody{buf: make([]byte, n)}
+}
+
+// hold makes the buffer's first len(buf) bytes the body, charged n bytes.
+func (h *heldBody) hold(budget *bufferBudget, n int64) *heldBody {
+	h.Reader.Reset(h.buf)
+	h.budget, h.n = budget, n
+	return h
+}
+
+// Close gives the charge back (fasthttp calls it once, after writing).
 func (h *heldBody) Close() error {
-	h.once.Do(func() { h.budget.release(h.n) })
+	if h.budget != nil {
+		h.budget.release(h.n)
+	}
+	h.budget, h.n = nil, 0
+	if cap(h.buf) == smallBodyCap {
+		h.Reader.Reset(nil)
+		smallBodies.Put(h)
+	}
 	return nil
 }
 
@@ -112,6 +144,8 @@ func (r *relayBody) Read(p []byte) (int, error) {
 		r.upErr = err
 		werr := r.s.bodyError(r.rt, r.ep, err)
 		switch {
+		case r.body.call.isCancelled():
+			r.next = errClientGone // the client is gone: nothing to tell it
 		case r.sseEvents && !r.sawDone:
 			// As DESIGN: a stream that breaks ends with an error event,
 			// which SSE clients read as the stream's failure.
@@ -145,7 +179,9 @@ func (r *relayBody) CloseWithError(werr error) error {
 }
 
 func (r *relayBody) finish(werr error) {
-	clientGone := werr != nil && r.upErr == nil
+	// A body read that failed because the watch cancelled the call (the
+	// client left just as the stream began) is the client's doing too.
+	clientGone := werr != nil && r.upErr == nil || r.body.call.isCancelled()
 	r.body.Close()
 	upDur := time.Since(r.upStart)
 	r.release()

@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 )
@@ -28,6 +29,7 @@ type upstreamCall struct {
 	// body is the response body stream once headers arrived (nil for a
 	// response without a body). The caller owns it and must Close it.
 	body *upstreamBody
+	bodyStore upstreamBody // body's memory: one allocation per call
 }
 
 // attach records conn as the call's connection; false when the call was
@@ -66,7 +68,47 @@ func (c *upstreamCall) isCancelled() bool {
 
 // upstreamCalls maps a request being sent (by its *fasthttp.Request, unique
 // while Do runs) to its call.
-var upstreamCalls sync.Map
+var upstreamCalls callMap
+
+// callMap is a map from request to call, sharded by the request's address
+// so that concurrent requests rarely share a lock; unlike sync.Map it does
+// not allocate per entry.
+type callMap struct {
+	shards [64]struct {
+		mu sync.Mutex
+		m  map[*fasthttp.Request]*upstreamCall
+		_  [48]byte // one shard per 64-byte cache line
+	}
+}
+
+func (m *callMap) shard(req *fasthttp.Request) int {
+	return int(uintptr(unsafe.Pointer(req))>>6) & (len(m.shards) - 1)
+}
+
+func (m *callMap) put(req *fasthttp.Request, c *upstreamCall) {
+	sh := &m.shards[m.shard(req)]
+	sh.mu.Lock()
+	if sh.m == nil {
+		sh.m = map[*fasthttp.Request]*upstreamCall{}
+	}
+	sh.m[req] = c
+	sh.mu.Unlock()
+}
+
+func (m *callMap) get(req *fasthttp.Request) *upstreamCall {
+	sh := &m.shards[m.shard(req)]
+	sh.mu.Lock()
+	c := sh.m[req]
+	sh.mu.Unlock()
+	return c
+}
+
+func (m *callMap) del(req *fasthttp.Request) {
+	sh := &m.shards[m.shard(req)]
+	sh.mu.Lock()
+	delete(sh.m, req)
+	sh.mu.Unlock()
+}
 
 // cancelTransport is fasthttp's HostClient round trip (fasthttp v1.78.0
 // client.go, transport.RoundTrip: acquire a connection, write the request
@@ -79,11 +121,10 @@ var upstreamCalls sync.Map
 type cancelTransport struct{}
 
 func (cancelTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (retry bool, err error) {
-	v, ok := upstreamCalls.Load(req)
-	if !ok {
+	call := upstreamCalls.get(req)
+	if call == nil {
 		return fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
 	}
-	call := v.(*upstreamCall)
 	cc, err := hc.AcquireConn(0, req.ConnectionClose())
 	if err != nil {
 		return false, err
@@ -140,7 +181,8 @@ func (cancelTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request,
 		hc.ReleaseReader(br)
 		return fail(err)
 	}
-	b := &upstreamBody{resp: resp, call: call, keep: !req.ConnectionClose() && !resp.ConnectionClose(),
+	b := &call.bodyStore
+	*b = upstreamBody{resp: resp, call: call, keep: !req.ConnectionClose() && !resp.ConnectionClose(),
 		done: func(reuse bool) {
 			hc.ReleaseReader(br)
 			if reuse {

@@ -253,13 +253,13 @@ func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 		// the connection meanwhile: a watch notices a client that leaves.
 		gone := make(chan struct{})
 		var goneOnce sync.Once
-		stop := peerwatch.Watch(ctx.Conn(), func() { goneOnce.Do(func() { close(gone) }) })
+		w := peerwatch.Watch(ctx.Conn(), func() { goneOnce.Do(func() { close(gone) }) })
 		ok := s.sleepUnless(s.cfg.DecodePerToken, gone)
 		if ok {
 			s.metrics.observeTTFT(time.Since(out.start) + queued)
 			ok = s.sleepUnless(time.Duration(max(out.completionTokens-1, 0))*s.cfg.DecodePerToken, gone)
 		}
-		stop()
+		w.Stop()
 		if !ok && isClosed(gone) {
 			release()
 			s.metrics.finished("abort")

@@ -16,45 +16,68 @@ package peerwatch
 import (
 	"crypto/tls"
 	"net"
+	"sync"
 	"syscall"
 	"time"
 )
 
-// Watch watches conn until stop is called and calls gone (at most once, on
-// its own goroutine) if the peer closes or resets the connection first. stop
-// waits for the watch to end and leaves conn with no read deadline; the
-// caller must not read conn between Watch and stop. For a TLS connection the
-// TCP connection under it is watched. A connection that is not a socket is
-// not watched (stop is then a no-op).
-func Watch(conn net.Conn, gone func()) (stop func()) {
+// Watcher is one watch. Stop must be called exactly once; the Watcher must
+// not be used after.
+type Watcher struct {
+	raw  net.Conn
+	rc   syscall.RawConn
+	gone func()
+	done chan struct{}
+	peek peeker
+}
+
+var pool = sync.Pool{New: func() any { return &Watcher{done: make(chan struct{}, 1)} }}
+
+// Watch watches conn until Stop and calls gone (at most once, on the
+// watch's goroutine) if the peer closes or resets the connection first.
+// Stop waits for the watch to end and leaves conn with no read deadline;
+// the caller must not read conn between Watch and Stop. For a TLS
+// connection the TCP connection under it is watched. A connection that is
+// not a socket is not watched (Stop is then a no-op).
+func Watch(conn net.Conn, gone func()) *Watcher {
 	raw := conn
 	if tc, ok := conn.(*tls.Conn); ok {
 		raw = tc.NetConn()
 	}
+	w := pool.Get().(*Watcher)
 	sc, ok := raw.(syscall.Conn)
 	if !ok {
-		return func() {}
+		return w
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return func() {}
+		return w
 	}
 	// The server's own read deadline (the whole-request read timeout) may
 	// still be armed; the watch lasts as long as the handler does.
 	if err := raw.SetReadDeadline(time.Time{}); err != nil {
-		return func() {}
+		return w
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if peerClosed(rc) {
-			gone()
-		}
-	}()
-	return func() {
+	w.raw, w.rc, w.gone = raw, rc, gone
+	go w.run()
+	return w
+}
+
+func (w *Watcher) run() {
+	if w.peek.closed(w.rc) {
+		w.gone()
+	}
+	w.done <- struct{}{}
+}
+
+// Stop ends the watch and returns once it has ended.
+func (w *Watcher) Stop() {
+	if w.raw != nil {
 		// A past deadline wakes the poller wait; the watch then returns.
-		_ = raw.SetReadDeadline(time.Unix(1, 0))
-		<-done
-		_ = raw.SetReadDeadline(time.Time{})
+		_ = w.raw.SetReadDeadline(time.Unix(1, 0))
+		<-w.done
+		_ = w.raw.SetReadDeadline(time.Time{})
 	}
+	w.raw, w.rc, w.gone = nil, nil, nil
+	pool.Put(w)
 }

@@ -47,7 +47,7 @@ func TestWatch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			client, server := pair(t)
 			gone := make(chan struct{}, 1)
-			stop := Watch(server, func() { gone <- struct{}{} })
+			w := Watch(server, func() { gone <- struct{}{} })
 			tc.act(client)
 			if tc.wantGone {
 				select {
@@ -55,12 +55,12 @@ func TestWatch(t *testing.T) {
 				case <-time.After(10 * time.Second):
 					t.Fatal("the watch did not report the client gone")
 				}
-				stop()
+				w.Stop()
 				return
 			}
 			// Pipelined bytes end the watch without a verdict and are left
 			// for the server to read.
-			stop()
+			w.Stop()
 			select {
 			case <-gone:
 				t.Fatal("pipelined bytes reported as a closed client")
@@ -80,8 +80,8 @@ func TestWatch(t *testing.T) {
 func TestStopWithoutEvent(t *testing.T) {
 	client, server := pair(t)
 	gone := false
-	stop := Watch(server, func() { gone = true })
-	stop()
+	w := Watch(server, func() { gone = true })
+	w.Stop()
 	if gone {
 		t.Fatal("quiet connection reported gone")
 	}
