@@ -461,8 +461,10 @@ func TestClientLeavingCancelsTheWorker(t *testing.T) {
 		if _, err := conn.Read(first[:]); err != nil {
 			t.Fatal(err)
 		}
+		stopped := time.Now()
 		select {
 		case <-workerGone:
+			t.Logf("worker connection closed %v after the client stopped reading (write timeout 300ms; the rest fills socket buffers)", time.Since(stopped).Round(time.Millisecond))
 		case <-time.After(20 * time.Second):
 			t.Fatal("the worker kept streaming to a client that stopped reading")
 		}
