@@ -190,7 +190,7 @@ func (r *relayBody) finish(werr error) {
 	switch {
 	case clientGone:
 		m.clientCancels.WithLabelValues(ruleName).Inc()
-		r.s.log.Info("client left before the answer was delivered; worker request cancelled", "rule", ruleName, "endpoint", ep.ID, "err", werr)
+		r.s.log.Debug("client left before the answer was delivered; worker request cancelled", "rule", ruleName, "endpoint", ep.ID, "err", werr)
 	case r.upErr != nil:
 		if b := ep.Breaker(); b != nil {
 			b.RecordConnFailure()
