@@ -36,12 +36,13 @@ var (
 // reqState is the per-request scratch space, pooled so that the request path
 // does not allocate for parsing or policy input.
 type reqState struct {
-	parser fastjson.Parser
-	oreq   openai.Request
-	preq   policy.Request
-	id     [32]byte
-	kv     kvScratch
-	kvc    kvChoice
+	parser   fastjson.Parser
+	oreq     openai.Request
+	preq     policy.Request
+	id       [32]byte
+	clientID []byte // the client's X-Request-Id, copied
+	kv       kvScratch
+	kvc      kvChoice
 }
 
 var statePool = sync.Pool{New: func() any { return new(reqState) }}
@@ -223,7 +224,10 @@ func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, key string) {
 // requestID returns the client's X-Request-Id, or a fresh 32-hex-char id.
 func requestID(ctx *fasthttp.RequestCtx, st *reqState) []byte {
 	if v := ctx.Request.Header.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 256 && printable(v) {
-		return v
+		// Copied: forward deletes the header before setting it again, and
+		// v points into the header's storage.
+		st.clientID = append(st.clientID[:0], v...)
+		return st.clientID
 	}
 	newRequestID(&st.id)
 	return st.id[:]
