@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -430,6 +431,32 @@ func TestClientLeavingCancelsTheWorker(t *testing.T) {
 		})
 		rt := s.rules["r"]
 		eventually(t, 5*time.Second, "in-flight to drop to 0", func() bool { return rt.inFlight() == 0 })
+	})
+	t.Run("TLS client closes while waiting", func(t *testing.T) {
+		closed := make(chan struct{})
+		b := newScripted(t, func(c net.Conn, _ *http.Request) {
+			_, _ = io.Copy(io.Discard, c)
+			close(closed)
+		})
+		certFile, keyFile, pool := selfSigned(t, t.TempDir())
+		s := startGateway(t, "", func(c *Config) { c.TLSCert, c.TLSKey = certFile, keyFile })
+		mustApply(t, s, scriptedRule("r", "m1", "timeouts: {first_byte: 60s}\n", b))
+		conn, err := tls.Dial("tcp", s.Addr(), &tls.Config{RootCAs: pool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+		select {
+		case <-b.seen:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the worker saw no request")
+		}
+		conn.Close() // close_notify (encrypted under TLS 1.3), then FIN
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the worker's connection stayed open after the TLS client left")
+		}
 	})
 	t.Run("streaming client stops reading", func(t *testing.T) {
 		workerGone := make(chan struct{})
