@@ -62,10 +62,10 @@ func (s *Server) newDataServer(key string) *fasthttp.Server {
 		// ReadTimeout bounds reading one whole request (headers and body):
 		// a client that trickles bytes (slowloris) is cut off.
 		ReadTimeout: 30 * time.Second,
-		// WriteTimeout bounds writing a response's header and a buffered
-		// body; a streamed body moves the deadline with every chunk
-		// (relayBody), so it bounds a stall, not a stream.
-		WriteTimeout:          s.cfg.WriteTimeout,
+		// No Server.WriteTimeout: it would bound a whole response, and so
+		// cut long streams. relay sets a write deadline per response
+		// (ctx.SetWriteDeadline, which fasthttp clears afterwards) and a
+		// streamed body moves it with every chunk (relayBody).
 		IdleTimeout:           120 * time.Second,
 		ReadBufferSize:        dataReadBufferSize, // also the request header size limit
 		CloseOnShutdown:       true,
@@ -410,6 +410,9 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 	ctx.Response.Header.Set("X-Llmgw-Endpoint", ep.ID)
 	ctx.Response.Header.Set("X-Llmgw-Route", route)
 
+	// Bounds writing the header and a buffered body to a client that does
+	// not read; a streamed body moves it on with every chunk.
+	_ = ctx.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	ttfb := time.Since(upStart)
 	if body == nil { // no body: HEAD, 204, 304
 		watch.Stop()
@@ -476,7 +479,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 		cl = -1
 	}
 	rb := &relayBody{s: s, rt: rt, ep: ep, resp: resp, body: body, release: release,
-		conn: ctx.Conn(), wt: s.cfg.WriteTimeout, start: start, upStart: upStart, ttfb: ttfb,
+		ctx: ctx, wt: s.cfg.WriteTimeout, start: start, upStart: upStart, ttfb: ttfb,
 		status: status, obs: obs, sse: sse, sseEvents: sse && cl < 0}
 	ctx.Response.SetBodyStream(rb, cl)
 }
