@@ -254,6 +254,40 @@ func TestWriteDeadlineDoesNotOutliveItsResponse(t *testing.T) {
 	}
 }
 
+// TestSSEHeadersBeforeTheFirstEvent: a streaming client gets the status
+// and headers when the worker sends them, before the first event (a
+// worker's prefill can take seconds).
+func TestSSEHeadersBeforeTheFirstEvent(t *testing.T) {
+	sawHeaders := make(chan struct{})
+	b := newScripted(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		select {
+		case <-sawHeaders:
+		case <-time.After(10 * time.Second):
+		}
+		ev := "data: [DONE]\n\n"
+		fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
+	})
+	s := startGateway(t, "", nil)
+	mustApply(t, s, scriptedRule("r", "m1", "", b))
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n%s", len(streamChat), streamChat)
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no response headers while the worker holds its first event: %v", err)
+	}
+	close(sawHeaders)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || string(body) != "data: [DONE]\n\n" {
+		t.Fatalf("body %q err %v", body, err)
+	}
+}
+
 // TestHeadersThenStallNamesTheIdleTimeout: a worker that sends its headers
 // and then nothing fails by the idle timeout, and the error says so (it
 // used to blame the first-byte timeout).

@@ -481,6 +481,9 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 	rb := &relayBody{s: s, rt: rt, ep: ep, resp: resp, body: body, release: release,
 		ctx: ctx, wt: s.cfg.WriteTimeout, start: start, upStart: upStart, ttfb: ttfb,
 		status: status, obs: obs, sse: sse, sseEvents: sse && cl < 0}
+	// An SSE client sees the status and headers when the worker sent them,
+	// not with the first event.
+	ctx.Response.ImmediateHeaderFlush = sse
 	ctx.Response.SetBodyStream(rb, cl)
 }
 
