@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/hex"
 	"errors"
@@ -19,6 +18,7 @@ import (
 	"github.com/llmgw/llmgw/gateway/openai"
 	"github.com/llmgw/llmgw/gateway/policy"
 	"github.com/llmgw/llmgw/gateway/upstream"
+	"github.com/llmgw/llmgw/internal/peerwatch"
 )
 
 var (
@@ -37,16 +37,18 @@ var (
 // reqState is the per-request scratch space, pooled so that the request path
 // does not allocate for parsing or policy input.
 type reqState struct {
-	parser fastjson.Parser
-	oreq   openai.Request
-	preq   policy.Request
-	id     [32]byte
-	kv     kvScratch
-	kvc    kvChoice
+	parser   fastjson.Parser
+	oreq     openai.Request
+	preq     policy.Request
+	id       [32]byte
+	clientID []byte // the client's X-Request-Id, copied
+	kv       kvScratch
+	kvc      kvChoice
 }
 
 var statePool = sync.Pool{New: func() any { return new(reqState) }}
 
+// relayBufPool holds the P/D relay's copy buffers (pd.go).
 var relayBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // dataReadBufferSize is the data plane's per-connection read buffer, which
@@ -60,7 +62,11 @@ func (s *Server) newDataServer(key string) *fasthttp.Server {
 		MaxRequestBodySize: s.cfg.MaxBodyBytes,
 		// ReadTimeout bounds reading one whole request (headers and body):
 		// a client that trickles bytes (slowloris) is cut off.
-		ReadTimeout:           30 * time.Second,
+		ReadTimeout: 30 * time.Second,
+		// No Server.WriteTimeout: it would bound a whole response, and so
+		// cut long streams. relay sets a write deadline per response
+		// (ctx.SetWriteDeadline, which fasthttp clears afterwards) and a
+		// streamed body moves it with every chunk (relayBody).
 		IdleTimeout:           120 * time.Second,
 		ReadBufferSize:        dataReadBufferSize, // also the request header size limit
 		CloseOnShutdown:       true,
@@ -181,6 +187,11 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 		s.metrics.rejected.WithLabelValues("invalid_body").Inc()
 		return
 	}
+	if st.oreq.Stream && !ctx.Request.Header.IsHTTP11() {
+		writeError(ctx, fmt.Errorf("%w: \"stream\": true over %s; an HTTP/1.0 answer of unknown length could only end by closing the connection, which cannot be told from a cut stream (use HTTP/1.1)", ErrStreamNeedsHTTP11, ctx.Request.Header.Protocol()))
+		s.metrics.rejected.WithLabelValues("stream_http10").Inc()
+		return
+	}
 	st.preq = policy.Request{KeyHash: st.oreq.KeyHash, HasKey: st.oreq.HasKey}
 	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(ctx)
 	st.preq.Session = rt.sessionValue(ctx, st.oreq.User)
@@ -214,15 +225,23 @@ func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, key string) {
 // requestID returns the client's X-Request-Id, or a fresh 32-hex-char id.
 func requestID(ctx *fasthttp.RequestCtx, st *reqState) []byte {
 	if v := ctx.Request.Header.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 256 && printable(v) {
-		return v
+		// Copied: forward deletes the header before setting it again, and
+		// v points into the header's storage.
+		st.clientID = append(st.clientID[:0], v...)
+		return st.clientID
 	}
+	newRequestID(&st.id)
+	return st.id[:]
+}
+
+// newRequestID fills id with 32 random hex characters.
+func newRequestID(id *[32]byte) {
 	var raw [16]byte
 	a, b := rand.Uint64(), rand.Uint64()
 	for i := 0; i < 8; i++ {
 		raw[i], raw[8+i] = byte(a>>(8*i)), byte(b>>(8*i))
 	}
-	hex.Encode(st.id[:], raw[:])
-	return st.id[:]
+	hex.Encode(id[:], raw[:])
 }
 
 func printable(b []byte) bool {
@@ -246,6 +265,9 @@ func printable(b []byte) bool {
 // tried first, and the response feeds the hash-parity self-check.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState, stream bool, start time.Time, kvc *kvChoice) {
 	id := requestID(ctx, st)
+	// Del first: Set replaces only the first of repeated headers, and the
+	// worker must see exactly one id.
+	ctx.Request.Header.DelBytes(hdrRequestID)
 	ctx.Request.Header.SetBytesKV(hdrRequestID, id)
 	ctx.Response.Header.SetBytesKV(hdrRequestID, id)
 	var lastErr error
@@ -278,10 +300,16 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		release := ep.Acquire()
 		req := fasthttp.AcquireRequest()
 		ctx.Request.Header.CopyTo(&req.Header)
-		for _, h := range hopHeaders {
-			req.Header.Del(h)
+		stripHopHeaders(&ctx.Request.Header, &req.Header)
+		if uri := ctx.Request.Header.RequestURI(); len(uri) > 0 && uri[0] != '/' {
+			// Absolute form (POST http://host/v1/...): fasthttp would take
+			// the Host from the URI; the worker gets origin form.
+			req.Header.SetRequestURIBytes(ctx.Request.URI().RequestURI())
 		}
 		req.Header.SetHost(ep.Addr)
+		req.URI().SetHost(ep.Addr)
+		// No Content-Type unless the client sent one.
+		req.Header.SetNoDefaultContentType(true)
 		if rt.tlsCfg != nil {
 			req.URI().SetScheme("https")
 		}
@@ -290,11 +318,17 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		}
 		req.SetBodyRaw(ctx.PostBody())
 		resp := fasthttp.AcquireResponse()
-		resp.StreamBody = stream
+		// Every body is streamed (cancelTransport); relay buffers only small
+		// ones. The call ties the request to its worker connection, and the
+		// watch cancels it when the client closes while waiting.
+		resp.StreamBody = true
+		call := &upstreamCall{}
+		upstreamCalls.put(req, call)
+		watch := peerwatch.Watch(ctx.Conn(), call.cancel)
 		upStart := time.Now()
 		hc := rt.clients[ep.Index]
 		err = hc.Do(req, resp)
-		if reusedNotSent(err) {
+		if reusedNotSent(err) && !call.isCancelled() {
 			// The worker closed this pooled connection (or it hit the
 			// engine's limits) before the request was written: nothing was
 			// sent, the worker is not to blame. Pooled connections older
@@ -305,11 +339,20 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 			s.metrics.redials.WithLabelValues(rt.rule.Name, ep.ID).Inc()
 			err = hc.Do(req, resp)
 		}
+		upstreamCalls.del(req)
 		fasthttp.ReleaseRequest(req)
+		if err != nil && call.isCancelled() {
+			watch.Stop()
+			release()
+			fasthttp.ReleaseResponse(resp)
+			s.clientLeft(ctx, rt, ep)
+			return
+		}
 		if err == nil {
-			err = s.prepareAnswer(rt, resp, stream)
+			s.prepareAnswer(rt, resp)
 		}
 		if err != nil {
+			watch.Stop()
 			release()
 			fasthttp.ReleaseResponse(resp)
 			retry := false
@@ -330,7 +373,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 				obs.predicted = kvc.predicted
 			}
 		}
-		s.relay(ctx, rt, ep, route, resp, release, start, upStart, obs)
+		s.relay(ctx, rt, ep, route, resp, call.body, watch, release, start, upStart, obs)
 		return
 	}
 	writeError(ctx, lastErr)
@@ -376,53 +419,28 @@ func (s *Server) upstreamFailure(rt *ruleRuntime, ep *upstream.Endpoint, err err
 	return fmt.Errorf("%w: endpoint %s (%s) %s; not retried: the worker may have executed it", ErrUpstreamFailed, ep.ID, ep.Addr, afterSendText(err)), false
 }
 
-// prepareAnswer readies a worker's answer for relay. A streamed SSE answer
+// prepareAnswer readies a worker's answer for relay: a streamed SSE answer
 // from an engine that closes the connection after every stream marks the
-// connection for closing, so it is never pooled. A small non-SSE error
-// answer (status ≥ 500) is read whole, so that the engine's adapter can
-// classify it by its body (recordAnswer); a failure to read it is a broken
-// answer.
-func (s *Server) prepareAnswer(rt *ruleRuntime, resp *fasthttp.Response, stream bool) error {
-	if !stream || resp.BodyStream() == nil {
-		return nil
-	}
-	sse := bytes.HasPrefix(resp.Header.ContentType(), ctEventStream)
-	if sse && rt.conn.CloseAfterStream {
+// connection for closing, so it is never pooled (upstreamBody.Close honours
+// the mark).
+func (s *Server) prepareAnswer(rt *ruleRuntime, resp *fasthttp.Response) {
+	if rt.conn.CloseAfterStream && bytes.HasPrefix(resp.Header.ContentType(), ctEventStream) {
 		resp.SetConnectionClose()
 	}
-	if cl := resp.Header.ContentLength(); resp.StatusCode() >= 500 && !sse && cl >= 0 && cl <= maxClassifiedBody {
-		body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), int64(cl)))
-		cerr := resp.CloseBodyStream()
-		if err == nil && len(body) < cl {
-			err = io.ErrUnexpectedEOF
-		}
-		if err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("reading the error answer's body: %w", err)
-		}
-		resp.SetBodyRaw(body)
-	}
-	return nil
 }
-
-// maxClassifiedBody is the largest error answer read whole for
-// classification before it is relayed.
-const maxClassifiedBody = 64 << 10
 
 // recordAnswer tells ep's breaker what the worker's answer says about its
 // health, as the engine's adapter classifies it: a client error (even a
 // 5xx, like llama.cpp's 500 for malformed JSON) never counts toward
 // origin-5xx demotion.
-func (s *Server) recordAnswer(rt *ruleRuntime, ep *upstream.Endpoint, status int, resp *fasthttp.Response) {
+//
+// body is the answer's body when relay buffered it (every small body of
+// known length, so an engine's JSON error answers), else nil: a streamed
+// answer is classified by its status alone.
+func (s *Server) recordAnswer(rt *ruleRuntime, ep *upstream.Endpoint, status int, body []byte) {
 	b := ep.Breaker()
 	if b == nil {
 		return
-	}
-	var body []byte
-	if resp.BodyStream() == nil {
-		body = resp.Body()
 	}
 	switch rt.engine.Classify(status, body) {
 	case engines.FaultNone:
@@ -444,14 +462,21 @@ func isTimeout(err error) bool {
 	return status == fasthttp.StatusGatewayTimeout
 }
 
-// relay copies the worker's response to the client: buffered for plain
-// responses, event by event for streams. It owns resp and release.
+// relay copies the worker's response to the client. It owns resp, body,
+// watch and release.
+//
+// A small body of known length is buffered (within the global budget), so
+// that a failure to read it is still a clean 502; every other body streams
+// through as it arrives, with no size cap: an SSE stream event by event, a
+// body of known length under its Content-Length, anything else chunked. A
+// body that breaks after bytes went out is never delivered as complete: an
+// SSE stream ends with an error event, any other body aborts the client
+// connection (no terminating chunk, or fewer bytes than its length).
 //
 // obs, when non-nil, collects the engine-reported cached tokens for the
 // KV-exact self-check.
-func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, route string, resp *fasthttp.Response, release func(), start, upStart time.Time, obs *kvObservation) {
+func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, route string, resp *fasthttp.Response, body *upstreamBody, watch *peerwatch.Watcher, release func(), start, upStart time.Time, obs *kvObservation) {
 	status := resp.StatusCode()
-	s.recordAnswer(rt, ep, status, resp)
 	ctx.Response.Header.SetStatusCode(status)
 	for k, v := range resp.Header.All() {
 		// The gateway owns X-Request-Id (already set, the same value the
@@ -460,115 +485,234 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 			ctx.Response.Header.AddBytesKV(k, v)
 		}
 	}
-	for _, h := range hopHeaders {
-		ctx.Response.Header.Del(h)
-	}
+	stripHopHeaders(&resp.Header, &ctx.Response.Header)
 	ctx.Response.Header.SetContentTypeBytes(resp.Header.ContentType())
 	ctx.Response.Header.Set("X-Llmgw-Endpoint", ep.ID)
 	ctx.Response.Header.Set("X-Llmgw-Route", route)
 
-	m := s.metrics
-	stream := resp.BodyStream()
-	sse := bytes.HasPrefix(resp.Header.ContentType(), ctEventStream)
-	if stream == nil || (!sse && resp.Header.ContentLength() >= 0) {
-		// Plain response: buffer it (it is bounded by MaxResponseBodySize).
-		var body []byte
-		var err error
-		if stream != nil {
-			body, err = io.ReadAll(io.LimitReader(stream, 64<<20))
-			_ = resp.CloseBodyStream()
-		} else {
-			body = resp.Body()
-		}
-		upDur := time.Since(upStart)
+	// Bounds writing the header and a buffered body to a client that does
+	// not read; a streamed body moves it on with every chunk.
+	_ = ctx.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	ttfb := time.Since(upStart)
+	if body == nil { // no body: HEAD, 204, 304
+		s.recordAnswer(rt, ep, status, nil)
+		watch.Stop()
 		release()
-		if err != nil {
-			fasthttp.ReleaseResponse(resp)
-			if b := ep.Breaker(); b != nil {
-				b.RecordConnFailure()
-			}
-			writeError(ctx, fmt.Errorf("%w: endpoint %s %s", ErrUpstreamFailed, ep.ID, afterSendText(err)))
-			m.requests.WithLabelValues(rt.rule.Name, ep.ID, "502").Inc()
-			return
-		}
-		ctx.Response.SetBody(body)
-		if s.cfg.LogPayloads {
-			s.log.Debug("response payload", "rule", rt.rule.Name, "endpoint", ep.ID, "status", status, "body", string(body))
-		}
-		if obs != nil {
-			obs.scan.write(body)
-			s.kvSelfCheck(rt, obs)
-		}
 		fasthttp.ReleaseResponse(resp)
-		rt.obs.observe(ep.Index, ep.ID, status, time.Since(start), upDur, upDur)
+		rt.obs.observe(ep.Index, ep.ID, status, time.Since(start), ttfb, ttfb)
 		return
 	}
-
-	ttfb := time.Since(upStart)
-	ruleName := rt.rule.Name
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		bp := relayBufPool.Get().(*[]byte)
-		buf := *bp
-		var upErr error
-		clientGone, sawDone := false, false
-		var tail [len("data: [DONE]")]byte
-		for {
-			n, err := stream.Read(buf)
-			if n > 0 {
-				if !sawDone {
-					sawDone = containsAcross(tail[:], buf[:n], doneMarker)
-				}
-				if obs != nil {
-					obs.scan.write(buf[:n])
-				}
-				if _, werr := w.Write(buf[:n]); werr != nil {
-					clientGone = true
-					break
-				}
-				if werr := w.Flush(); werr != nil {
-					clientGone = true
-					break
-				}
-			}
-			if err != nil {
-				if err != io.EOF {
-					upErr = err
-				}
-				break
-			}
-		}
-		relayBufPool.Put(bp)
-		// Closing a stream that was not read to its end closes the worker
-		// connection: that is how a client disconnect cancels the request.
-		_ = resp.CloseBodyStream()
-		upDur := time.Since(upStart)
-		release()
-		fasthttp.ReleaseResponse(resp)
-		code := status
+	sse := bytes.HasPrefix(resp.Header.ContentType(), ctEventStream)
+	cl := resp.Header.ContentLength() // -1 chunked, -2 until close
+	// An HTTP/1.0 client has no chunked coding: a body of unknown length
+	// must be buffered to be given a Content-Length.
+	mustBuffer := cl < 0 && !ctx.Request.Header.IsHTTP11()
+	if mustBuffer || !sse && cl >= 0 && cl <= maxBufferedBody {
+		held, err := s.readBuffered(body, cl, mustBuffer)
 		switch {
-		case clientGone:
-			m.clientCancels.WithLabelValues(ruleName).Inc()
-		case upErr != nil:
-			if b := ep.Breaker(); b != nil {
-				b.RecordConnFailure()
+		case err == nil:
+			buf := held.buf
+			s.recordAnswer(rt, ep, status, buf)
+			watch.Stop()
+			upDur := time.Since(upStart)
+			release()
+			fasthttp.ReleaseResponse(resp)
+			ctx.Response.SetBodyStream(held, len(buf))
+			if s.cfg.LogPayloads {
+				s.log.Debug("response payload", "rule", rt.rule.Name, "endpoint", ep.ID, "status", status, "body", string(buf))
 			}
-			werr := fmt.Errorf("%w: endpoint %s: stream broke after the response began: it %s", ErrUpstreamFailed, ep.ID, afterSendText(upErr))
-			if isTimeout(upErr) {
-				werr = fmt.Errorf("%w: endpoint %s: stream idle past the idle timeout", ErrUpstreamTimeout, ep.ID)
+			if obs != nil {
+				obs.scan.write(buf)
+				s.kvSelfCheck(rt, obs)
 			}
-			if sse && !sawDone {
-				_, _ = w.Write(sseErrorEvent(werr))
-				_ = w.Flush()
-			}
-			m.streamErrors.WithLabelValues(ruleName, ep.ID).Inc()
-			s.log.Warn("upstream stream failed", "rule", ruleName, "endpoint", ep.ID, "err", logErrText(upErr))
+			rt.obs.observe(ep.Index, ep.ID, status, time.Since(start), upDur, ttfb)
+			return
+		case errors.Is(err, errBudgetStream):
+			// Over budget but streamable: relayed unbuffered below.
+		default:
+			s.relayFailed(ctx, rt, ep, resp, body, watch, release, err)
+			return
 		}
-		if obs != nil && !clientGone && upErr == nil {
-			s.kvSelfCheck(rt, obs)
+	}
+
+	// A non-SSE body's first bytes are read here, before any byte of the
+	// answer goes out: a body that breaks at once (bad chunking, a reset)
+	// is still a clean 502, not a 200 cut short. SSE is not held back: its
+	// first event may come much later than its headers.
+	var head []byte
+	var headErr error
+	if !sse {
+		bp := relayBufPool.Get().(*[]byte)
+		defer relayBufPool.Put(bp)
+		n, err := body.Read(*bp)
+		switch {
+		case n == 0 && err != nil && err != io.EOF:
+			s.relayFailed(ctx, rt, ep, resp, body, watch, release, err)
+			return
+		case n > 0:
+			head = append([]byte(nil), (*bp)[:n]...)
 		}
-		rt.obs.observe(ep.Index, ep.ID, code, time.Since(start), upDur, ttfb)
-	})
+		headErr = err
+	}
+
+	// Streamed: the body is read on fasthttp's connection goroutine as it
+	// writes, after this handler returns. From here a client that leaves
+	// shows as a failed write.
+	s.recordAnswer(rt, ep, status, nil)
+	watch.Stop()
+	if cl < 0 {
+		cl = -1
+	}
+	rb := &relayBody{s: s, rt: rt, ep: ep, resp: resp, body: body, release: release,
+		ctx: ctx, wt: s.cfg.WriteTimeout, start: start, upStart: upStart, ttfb: ttfb,
+		status: status, obs: obs, sse: sse, sseEvents: sse && cl < 0, pending: head, headErr: headErr}
+	if obs != nil && len(head) > 0 {
+		obs.scan.write(head)
+	}
+	// An SSE client sees the status and headers when the worker sent them,
+	// not with the first event.
+	ctx.Response.ImmediateHeaderFlush = sse
+	ctx.Response.SetBodyStream(rb, cl)
 }
+
+// maxBufferedBody is the largest body of known length relay buffers.
+const maxBufferedBody = 1 << 20
+
+// errBudgetStream: readBuffered found the budget spent for a body that can
+// be streamed instead; nothing was read.
+var errBudgetStream = errors.New("gateway: buffer budget spent; streaming")
+
+// readBuffered reads body (of length cl, or unknown when cl < 0) into
+// memory charged to the buffer budget; the heldBody gives the charge back
+// once written. On error body is closed and nothing is charged.
+func (s *Server) readBuffered(body *upstreamBody, cl int, mustBuffer bool) (*heldBody, error) {
+	if cl >= 0 {
+		if !s.budget.acquire(int64(cl)) {
+			s.metrics.budgetExceeded.WithLabelValues("streamed").Inc()
+			return nil, errBudgetStream
+		}
+		h := newHeldBody(cl)
+		_, err := io.ReadFull(body, h.buf)
+		if err == nil {
+			// Read to the end so the connection can be pooled again.
+			var one [1]byte
+			if _, err = body.Read(one[:]); err == io.EOF {
+				err = nil
+			} else if err == nil {
+				err = errors.New("body longer than its Content-Length")
+			}
+		}
+		body.Close()
+		h.hold(&s.budget, int64(cl))
+		if err != nil {
+			_ = h.Close()
+			return nil, err
+		}
+		return h, nil
+	}
+	// Unknown length (mustBuffer): charge as it grows.
+	h := &heldBody{}
+	var held int64
+	chunk := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(chunk)
+		if n > 0 {
+			if !s.budget.acquire(int64(n)) {
+				body.Close()
+				s.budget.release(held)
+				s.metrics.budgetExceeded.WithLabelValues("refused").Inc()
+				return nil, fmt.Errorf("%w: an HTTP/1.0 client needs the whole answer buffered (no chunked coding) and the %d-byte budget is spent (--buffer-budget-bytes)", ErrBufferBudget, s.budget.limit)
+			}
+			held += int64(n)
+			h.buf = append(h.buf, chunk[:n]...)
+		}
+		if err == io.EOF {
+			body.Close()
+			return h.hold(&s.budget, held), nil
+		}
+		if err != nil {
+			body.Close()
+			s.budget.release(held)
+			return nil, err
+		}
+	}
+}
+
+// bodyError describes a failure to read a worker's body after its headers.
+func (s *Server) bodyError(rt *ruleRuntime, ep *upstream.Endpoint, err error) error {
+	if isTimeout(err) {
+		return fmt.Errorf("%w: endpoint %s: the body stalled past the idle timeout (%v without a byte) after the response began", ErrUpstreamTimeout, ep.ID, rt.rule.Timeouts.Idle.Std())
+	}
+	// afterSendText: in the gateway's words, never the worker's bytes
+	// (fasthttp's chunk errors quote them).
+	return fmt.Errorf("%w: endpoint %s: the body broke after the response began: it %s", ErrUpstreamFailed, ep.ID, afterSendText(err))
+}
+
+// relayFailed answers a worker body that failed before any byte of the
+// answer went to the client: 499 when the client left, 503 when the buffer
+// budget is spent, else a 502/504 charged to the endpoint. It owns resp,
+// body (closed by its reader on error), watch and release.
+func (s *Server) relayFailed(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, resp *fasthttp.Response, body *upstreamBody, watch *peerwatch.Watcher, release func(), err error) {
+	watch.Stop()
+	cancelled := body.call.isCancelled()
+	body.Close() // idempotent: readBuffered closed it already on its errors
+	release()
+	fasthttp.ReleaseResponse(resp)
+	switch {
+	case cancelled:
+		s.clientLeft(ctx, rt, ep)
+	case errors.Is(err, ErrBufferBudget):
+		writeError(ctx, err)
+		s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "503").Inc()
+	default:
+		if b := ep.Breaker(); b != nil {
+			b.RecordConnFailure()
+		}
+		s.log.Warn("upstream body failed before the answer began", "rule", rt.rule.Name, "endpoint", ep.ID, "err", logErrText(err))
+		werr := s.bodyError(rt, ep, err)
+		writeError(ctx, werr)
+		st, _, _ := statusFor(werr)
+		s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, statusLabel(st)).Inc()
+	}
+}
+
+// clientLeft answers a request whose client closed its connection while
+// the worker was working on it; the worker's request is already cancelled.
+func (s *Server) clientLeft(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint) {
+	s.metrics.clientCancels.WithLabelValues(rt.rule.Name).Inc()
+	s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "499").Inc()
+	ctx.SetConnectionClose()
+	writeError(ctx, errClientGone)
+}
+
+// stripHopHeaders deletes from dst the connection-scoped headers of src:
+// the fixed list and every header src's Connection header names (RFC 9110
+// §7.6.1).
+func stripHopHeaders(src, dst interface {
+	Peek(string) []byte
+	Del(string)
+}) {
+	for rest := src.Peek("Connection"); len(rest) > 0; {
+		tok := rest
+		if i := bytes.IndexByte(rest, ','); i >= 0 {
+			tok, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		tok = bytes.TrimSpace(tok)
+		if len(tok) > 0 && !bytes.EqualFold(tok, strClose) && !bytes.EqualFold(tok, strKeepAlive) {
+			dst.Del(string(tok))
+		}
+	}
+	for _, h := range hopHeaders {
+		dst.Del(h)
+	}
+}
+
+var (
+	strClose     = []byte("close")
+	strKeepAlive = []byte("keep-alive")
+)
 
 // containsAcross reports whether marker occurs in the byte stream whose
 // previous bytes end in tail and whose next bytes are b; it updates tail.
