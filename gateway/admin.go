@@ -77,9 +77,34 @@ func (s *Server) adminHandler() http.Handler {
 		mux.HandleFunc("GET /debug/pprof/trace", s.mutating(pprof.Trace))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		// The catch-all hides net/http's own 405: a path that exists under
+		// other methods (PATCH /v1/rules/x, OPTIONS /readyz) is a 405 with
+		// Allow, not a 404.
+		if allow := allowedMethods(mux, r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeAdminError(w, fmt.Errorf("%w: %s %s; use %s", ErrMethodNotAllowed, r.Method, r.URL.Path, strings.Join(allow, " or ")))
+			return
+		}
 		writeAdminError(w, fmt.Errorf("%w: %s %s", ErrNotFound, r.Method, r.URL.Path))
 	})
 	return mux
+}
+
+// allowedMethods lists the methods under which mux serves r's path with a
+// handler other than the catch-all.
+func allowedMethods(mux *http.ServeMux, r *http.Request) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete} {
+		if m == r.Method {
+			continue
+		}
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := mux.Handler(probe); pattern != "/" && pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	return allow
 }
 
 // mutating guards a handler with the bearer token when one is configured.
@@ -235,7 +260,9 @@ func (s *Server) handleDecisions(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleReady answers 200 when every rule has at least one available
-// endpoint, 503 otherwise, listing each rule's state.
+// endpoint and every data listener accepts connections, 503 otherwise,
+// listing each rule's state and each listener that cannot accept (with its
+// latest accept error, e.g. "accept4: too many open files").
 func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 	rules := s.Rules()
 	ready := true
@@ -244,11 +271,17 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 		detail[st.Rule.Name] = st.Status.Ready
 		ready = ready && st.Status.Ready
 	}
+	body := map[string]any{"ready": ready, "rules": detail}
+	if failing := s.acceptFailures(); len(failing) > 0 {
+		ready = false
+		body["ready"] = false
+		body["listeners_not_accepting"] = failing
+	}
 	code := http.StatusOK
 	if !ready {
 		code = http.StatusServiceUnavailable
 	}
-	writeJSON(w, code, map[string]any{"ready": ready, "rules": detail})
+	writeJSON(w, code, body)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -286,6 +319,8 @@ func adminStatusFor(err error) (int, string) {
 		return http.StatusNotFound, "endpoint_not_found"
 	case errors.Is(err, ErrNotFound):
 		return http.StatusNotFound, "not_found"
+	case errors.Is(err, ErrMethodNotAllowed):
+		return http.StatusMethodNotAllowed, "method_not_allowed"
 	case errors.Is(err, ErrRuleExists):
 		return http.StatusConflict, "rule_exists"
 	default:

@@ -46,6 +46,13 @@ var (
 	ErrServerClosed = errors.New("gateway: server closed")
 	// ErrUpstreamFailed: the worker's answer could not be read (502).
 	ErrUpstreamFailed = errors.New("gateway: backend response failed")
+	// ErrBufferBudget: the answer has to be buffered (the client cannot take
+	// a stream of unknown length) and the global buffer budget is spent (503).
+	ErrBufferBudget = errors.New("gateway: response buffer budget spent")
+	// ErrStreamNeedsHTTP11: a stream asked over HTTP/1.0 (400). HTTP/1.0 has
+	// no chunked coding: a stream of unknown length could only end by
+	// closing the connection, which a client cannot tell from a cut.
+	ErrStreamNeedsHTTP11 = errors.New("gateway: streaming needs HTTP/1.1")
 )
 
 // DialError is a failure to connect to a worker. Nothing reached the
@@ -87,6 +94,14 @@ func statusFor(err error) (status int, typ, code string) {
 		return fasthttp.StatusBadGateway, "server_error", "pd_decode_backend_died"
 	case errors.Is(err, ErrPDBodyTooLarge):
 		return fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "pd_body_too_large"
+	case errors.Is(err, errClientGone):
+		// Never seen by the client (it left); the status is for logs and
+		// metrics, as nginx's 499.
+		return 499, "client_closed_request", "client_closed_request"
+	case errors.Is(err, ErrBufferBudget):
+		return fasthttp.StatusServiceUnavailable, "server_error", "buffer_budget_exhausted"
+	case errors.Is(err, ErrStreamNeedsHTTP11):
+		return fasthttp.StatusBadRequest, "invalid_request_error", "stream_requires_http11"
 	case errors.Is(err, ErrBadRequest), errors.Is(err, openai.ErrInvalid):
 		return fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request"
 	case errors.Is(err, ErrUnknownModel):
@@ -132,6 +147,16 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.Response.Reset()
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
+	// Every answer carries a request id, the gateway's own errors too: the
+	// one forward sent the worker (set on the request), the client's, or a
+	// fresh one.
+	if v := ctx.Request.Header.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 256 && printable(v) {
+		ctx.Response.Header.SetBytesKV(hdrRequestID, v)
+	} else {
+		var id [32]byte
+		newRequestID(&id)
+		ctx.Response.Header.SetBytesKV(hdrRequestID, id[:])
+	}
 	ctx.SetBody(b)
 }
 

@@ -20,6 +20,8 @@ type metrics struct {
 	rejected           *prometheus.CounterVec
 	retries            *prometheus.CounterVec
 	clientCancels      *prometheus.CounterVec
+	acceptErrors       *prometheus.CounterVec
+	budgetExceeded     *prometheus.CounterVec
 	streamErrors       *prometheus.CounterVec
 	breakerTransitions *prometheus.CounterVec
 	probeTransitions   *prometheus.CounterVec
@@ -77,6 +79,19 @@ func newMetrics(s *Server) *metrics {
 			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .05},
 		}, []string{"rule"}),
 	}
+	m.acceptErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_accept_errors_total", Help: "Failed accepts on a data-plane listener that were retried after a back-off, by listener address and reason (emfile, enfile, enobufs, enomem, aborted, timeout).",
+	}, []string{"listener", "reason"})
+	m.budgetExceeded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_buffer_budget_exceeded_total", Help: "Responses that did not fit in the buffer budget, by outcome: streamed (relayed unbuffered instead) or refused (503: the client needed a buffered answer).",
+	}, []string{"outcome"})
+	reg.MustRegister(m.acceptErrors, m.budgetExceeded,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "llmgw_buffered_body_bytes", Help: "Bytes of response bodies held in memory now (bounded by --buffer-budget-bytes).",
+		}, func() float64 { return float64(s.budget.used.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "llmgw_buffer_budget_bytes", Help: "The configured buffer budget (--buffer-budget-bytes).",
+		}, func() float64 { return float64(s.budget.limit) }))
 	m.pdRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmgw_pd_requests_total", Help: "P/D requests by phase (prefill, decode, complete) and status (success, timeout, error).",
 	}, []string{"rule", "phase", "status"})

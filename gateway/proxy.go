@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/hex"
 	"errors"
@@ -18,6 +17,7 @@ import (
 	"github.com/llmgw/llmgw/gateway/openai"
 	"github.com/llmgw/llmgw/gateway/policy"
 	"github.com/llmgw/llmgw/gateway/upstream"
+	"github.com/llmgw/llmgw/internal/peerwatch"
 )
 
 var (
@@ -46,6 +46,7 @@ type reqState struct {
 
 var statePool = sync.Pool{New: func() any { return new(reqState) }}
 
+// relayBufPool holds the P/D relay's copy buffers (pd.go).
 var relayBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // dataReadBufferSize is the data plane's per-connection read buffer, which
@@ -59,7 +60,11 @@ func (s *Server) newDataServer(key string) *fasthttp.Server {
 		MaxRequestBodySize: s.cfg.MaxBodyBytes,
 		// ReadTimeout bounds reading one whole request (headers and body):
 		// a client that trickles bytes (slowloris) is cut off.
-		ReadTimeout:           30 * time.Second,
+		ReadTimeout: 30 * time.Second,
+		// WriteTimeout bounds writing a response's header and a buffered
+		// body; a streamed body moves the deadline with every chunk
+		// (relayBody), so it bounds a stall, not a stream.
+		WriteTimeout:          s.cfg.WriteTimeout,
 		IdleTimeout:           120 * time.Second,
 		ReadBufferSize:        dataReadBufferSize, // also the request header size limit
 		CloseOnShutdown:       true,
@@ -180,6 +185,11 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 		s.metrics.rejected.WithLabelValues("invalid_body").Inc()
 		return
 	}
+	if st.oreq.Stream && !ctx.Request.Header.IsHTTP11() {
+		writeError(ctx, fmt.Errorf("%w: \"stream\": true over %s; an HTTP/1.0 answer of unknown length could only end by closing the connection, which cannot be told from a cut stream (use HTTP/1.1)", ErrStreamNeedsHTTP11, ctx.Request.Header.Protocol()))
+		s.metrics.rejected.WithLabelValues("stream_http10").Inc()
+		return
+	}
 	st.preq = policy.Request{KeyHash: st.oreq.KeyHash, HasKey: st.oreq.HasKey}
 	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(ctx)
 	st.preq.Session = rt.sessionValue(ctx, st.oreq.User)
@@ -215,13 +225,18 @@ func requestID(ctx *fasthttp.RequestCtx, st *reqState) []byte {
 	if v := ctx.Request.Header.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 256 && printable(v) {
 		return v
 	}
+	newRequestID(&st.id)
+	return st.id[:]
+}
+
+// newRequestID fills id with 32 random hex characters.
+func newRequestID(id *[32]byte) {
 	var raw [16]byte
 	a, b := rand.Uint64(), rand.Uint64()
 	for i := 0; i < 8; i++ {
 		raw[i], raw[8+i] = byte(a>>(8*i)), byte(b>>(8*i))
 	}
-	hex.Encode(st.id[:], raw[:])
-	return st.id[:]
+	hex.Encode(id[:], raw[:])
 }
 
 func printable(b []byte) bool {
@@ -241,6 +256,9 @@ func printable(b []byte) bool {
 // tried first, and the response feeds the hash-parity self-check.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState, stream bool, start time.Time, kvc *kvChoice) {
 	id := requestID(ctx, st)
+	// Del first: Set replaces only the first of repeated headers, and the
+	// worker must see exactly one id.
+	ctx.Request.Header.DelBytes(hdrRequestID)
 	ctx.Request.Header.SetBytesKV(hdrRequestID, id)
 	ctx.Response.Header.SetBytesKV(hdrRequestID, id)
 	var lastErr error
@@ -273,20 +291,41 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		release := ep.Acquire()
 		req := fasthttp.AcquireRequest()
 		ctx.Request.Header.CopyTo(&req.Header)
-		for _, h := range hopHeaders {
-			req.Header.Del(h)
+		stripHopHeaders(&ctx.Request.Header, &req.Header)
+		if uri := ctx.Request.Header.RequestURI(); len(uri) > 0 && uri[0] != '/' {
+			// Absolute form (POST http://host/v1/...): fasthttp would take
+			// the Host from the URI; the worker gets origin form.
+			req.Header.SetRequestURIBytes(ctx.Request.URI().RequestURI())
 		}
 		req.Header.SetHost(ep.Addr)
+		req.URI().SetHost(ep.Addr)
+		// No Content-Type unless the client sent one.
+		req.Header.SetNoDefaultContentType(true)
 		if rt.tlsCfg != nil {
 			req.URI().SetScheme("https")
 		}
 		req.SetBodyRaw(ctx.PostBody())
 		resp := fasthttp.AcquireResponse()
-		resp.StreamBody = stream
+		// Every body is streamed (cancelTransport); relay buffers only small
+		// ones. The call ties the request to its worker connection, and the
+		// watch cancels it when the client closes while waiting.
+		resp.StreamBody = true
+		call := &upstreamCall{}
+		upstreamCalls.put(req, call)
+		watch := peerwatch.Watch(ctx.Conn(), call.cancel)
 		upStart := time.Now()
 		err = rt.clients[ep.Index].Do(req, resp)
+		upstreamCalls.del(req)
 		fasthttp.ReleaseRequest(req)
+		if err != nil && call.isCancelled() {
+			watch.Stop()
+			release()
+			fasthttp.ReleaseResponse(resp)
+			s.clientLeft(ctx, rt, ep)
+			return
+		}
 		if err != nil {
+			watch.Stop()
 			release()
 			fasthttp.ReleaseResponse(resp)
 			timeout := isTimeout(err)
@@ -316,7 +355,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 				obs.predicted = kvc.predicted
 			}
 		}
-		s.relay(ctx, rt, ep, route, resp, release, start, upStart, obs)
+		s.relay(ctx, rt, ep, route, resp, call.body, watch, release, start, upStart, obs)
 		return
 	}
 	writeError(ctx, lastErr)
@@ -327,12 +366,20 @@ func isTimeout(err error) bool {
 	return status == fasthttp.StatusGatewayTimeout
 }
 
-// relay copies the worker's response to the client: buffered for plain
-// responses, event by event for streams. It owns resp and release.
+// relay copies the worker's response to the client. It owns resp, body,
+// watch and release.
+//
+// A small body of known length is buffered (within the global budget), so
+// that a failure to read it is still a clean 502; every other body streams
+// through as it arrives, with no size cap: an SSE stream event by event, a
+// body of known length under its Content-Length, anything else chunked. A
+// body that breaks after bytes went out is never delivered as complete: an
+// SSE stream ends with an error event, any other body aborts the client
+// connection (no terminating chunk, or fewer bytes than its length).
 //
 // obs, when non-nil, collects the engine-reported cached tokens for the
 // KV-exact self-check.
-func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, route string, resp *fasthttp.Response, release func(), start, upStart time.Time, obs *kvObservation) {
+func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, route string, resp *fasthttp.Response, body *upstreamBody, watch *peerwatch.Watcher, release func(), start, upStart time.Time, obs *kvObservation) {
 	status := resp.StatusCode()
 	if b := ep.Breaker(); b != nil {
 		switch {
@@ -354,115 +401,190 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 			ctx.Response.Header.AddBytesKV(k, v)
 		}
 	}
-	for _, h := range hopHeaders {
-		ctx.Response.Header.Del(h)
-	}
+	stripHopHeaders(&resp.Header, &ctx.Response.Header)
 	ctx.Response.Header.SetContentTypeBytes(resp.Header.ContentType())
 	ctx.Response.Header.Set("X-Llmgw-Endpoint", ep.ID)
 	ctx.Response.Header.Set("X-Llmgw-Route", route)
 
-	m := s.metrics
-	stream := resp.BodyStream()
-	sse := bytes.HasPrefix(resp.Header.ContentType(), ctEventStream)
-	if stream == nil || (!sse && resp.Header.ContentLength() >= 0) {
-		// Plain response: buffer it (it is bounded by MaxResponseBodySize).
-		var body []byte
-		var err error
-		if stream != nil {
-			body, err = io.ReadAll(io.LimitReader(stream, 64<<20))
-			_ = resp.CloseBodyStream()
-		} else {
-			body = resp.Body()
-		}
-		upDur := time.Since(upStart)
+	ttfb := time.Since(upStart)
+	if body == nil { // no body: HEAD, 204, 304
+		watch.Stop()
 		release()
-		if err != nil {
-			fasthttp.ReleaseResponse(resp)
-			if b := ep.Breaker(); b != nil {
-				b.RecordConnFailure()
-			}
-			writeError(ctx, fmt.Errorf("%w: endpoint %s: reading the response: %v", ErrUpstreamFailed, ep.ID, err))
-			m.requests.WithLabelValues(rt.rule.Name, ep.ID, "502").Inc()
-			return
-		}
-		ctx.Response.SetBody(body)
-		if s.cfg.LogPayloads {
-			s.log.Debug("response payload", "rule", rt.rule.Name, "endpoint", ep.ID, "status", status, "body", string(body))
-		}
-		if obs != nil {
-			obs.scan.write(body)
-			s.kvSelfCheck(rt, obs)
-		}
 		fasthttp.ReleaseResponse(resp)
-		rt.obs.observe(ep.Index, ep.ID, status, time.Since(start), upDur, upDur)
+		rt.obs.observe(ep.Index, ep.ID, status, time.Since(start), ttfb, ttfb)
 		return
 	}
-
-	ttfb := time.Since(upStart)
-	ruleName := rt.rule.Name
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		bp := relayBufPool.Get().(*[]byte)
-		buf := *bp
-		var upErr error
-		clientGone, sawDone := false, false
-		var tail [len("data: [DONE]")]byte
-		for {
-			n, err := stream.Read(buf)
-			if n > 0 {
-				if !sawDone {
-					sawDone = containsAcross(tail[:], buf[:n], doneMarker)
-				}
-				if obs != nil {
-					obs.scan.write(buf[:n])
-				}
-				if _, werr := w.Write(buf[:n]); werr != nil {
-					clientGone = true
-					break
-				}
-				if werr := w.Flush(); werr != nil {
-					clientGone = true
-					break
-				}
-			}
-			if err != nil {
-				if err != io.EOF {
-					upErr = err
-				}
-				break
-			}
-		}
-		relayBufPool.Put(bp)
-		// Closing a stream that was not read to its end closes the worker
-		// connection: that is how a client disconnect cancels the request.
-		_ = resp.CloseBodyStream()
-		upDur := time.Since(upStart)
-		release()
-		fasthttp.ReleaseResponse(resp)
-		code := status
+	sse := bytes.HasPrefix(resp.Header.ContentType(), ctEventStream)
+	cl := resp.Header.ContentLength() // -1 chunked, -2 until close
+	// An HTTP/1.0 client has no chunked coding: a body of unknown length
+	// must be buffered to be given a Content-Length.
+	mustBuffer := cl < 0 && !ctx.Request.Header.IsHTTP11()
+	if mustBuffer || !sse && cl >= 0 && cl <= maxBufferedBody {
+		held, err := s.readBuffered(body, cl, mustBuffer)
 		switch {
-		case clientGone:
-			m.clientCancels.WithLabelValues(ruleName).Inc()
-		case upErr != nil:
-			if b := ep.Breaker(); b != nil {
-				b.RecordConnFailure()
+		case err == nil:
+			watch.Stop()
+			upDur := time.Since(upStart)
+			release()
+			fasthttp.ReleaseResponse(resp)
+			buf := held.buf
+			ctx.Response.SetBodyStream(held, len(buf))
+			if s.cfg.LogPayloads {
+				s.log.Debug("response payload", "rule", rt.rule.Name, "endpoint", ep.ID, "status", status, "body", string(buf))
 			}
-			werr := fmt.Errorf("%w: endpoint %s: stream broke after the response began: %v", ErrUpstreamFailed, ep.ID, upErr)
-			if isTimeout(upErr) {
-				werr = fmt.Errorf("%w: endpoint %s: stream idle past the idle timeout", ErrUpstreamTimeout, ep.ID)
+			if obs != nil {
+				obs.scan.write(buf)
+				s.kvSelfCheck(rt, obs)
 			}
-			if sse && !sawDone {
-				_, _ = w.Write(sseErrorEvent(werr))
-				_ = w.Flush()
+			rt.obs.observe(ep.Index, ep.ID, status, time.Since(start), upDur, ttfb)
+			return
+		case errors.Is(err, errBudgetStream):
+			// Over budget but streamable: relayed unbuffered below.
+		default:
+			watch.Stop()
+			cancelled := body.call.isCancelled()
+			release()
+			fasthttp.ReleaseResponse(resp)
+			switch {
+			case cancelled:
+				s.clientLeft(ctx, rt, ep)
+			case errors.Is(err, ErrBufferBudget):
+				writeError(ctx, err)
+				s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "503").Inc()
+			default:
+				if b := ep.Breaker(); b != nil {
+					b.RecordConnFailure()
+				}
+				werr := s.bodyError(rt, ep, err)
+				writeError(ctx, werr)
+				st, _, _ := statusFor(werr)
+				s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, statusLabel(st)).Inc()
 			}
-			m.streamErrors.WithLabelValues(ruleName, ep.ID).Inc()
-			s.log.Warn("upstream stream failed", "rule", ruleName, "endpoint", ep.ID, "err", upErr)
+			return
 		}
-		if obs != nil && !clientGone && upErr == nil {
-			s.kvSelfCheck(rt, obs)
-		}
-		rt.obs.observe(ep.Index, ep.ID, code, time.Since(start), upDur, ttfb)
-	})
+	}
+
+	// Streamed: the body is read on fasthttp's connection goroutine as it
+	// writes, after this handler returns. From here a client that leaves
+	// shows as a failed write.
+	watch.Stop()
+	if cl < 0 {
+		cl = -1
+	}
+	rb := &relayBody{s: s, rt: rt, ep: ep, resp: resp, body: body, release: release,
+		conn: ctx.Conn(), wt: s.cfg.WriteTimeout, start: start, upStart: upStart, ttfb: ttfb,
+		status: status, obs: obs, sse: sse, sseEvents: sse && cl < 0}
+	ctx.Response.SetBodyStream(rb, cl)
 }
+
+// maxBufferedBody is the largest body of known length relay buffers.
+const maxBufferedBody = 1 << 20
+
+// errBudgetStream: readBuffered found the budget spent for a body that can
+// be streamed instead; nothing was read.
+var errBudgetStream = errors.New("gateway: buffer budget spent; streaming")
+
+// readBuffered reads body (of length cl, or unknown when cl < 0) into
+// memory charged to the buffer budget; the heldBody gives the charge back
+// once written. On error body is closed and nothing is charged.
+func (s *Server) readBuffered(body *upstreamBody, cl int, mustBuffer bool) (*heldBody, error) {
+	if cl >= 0 {
+		if !s.budget.acquire(int64(cl)) {
+			s.metrics.budgetExceeded.WithLabelValues("streamed").Inc()
+			return nil, errBudgetStream
+		}
+		h := newHeldBody(cl)
+		_, err := io.ReadFull(body, h.buf)
+		if err == nil {
+			// Read to the end so the connection can be pooled again.
+			var one [1]byte
+			if _, err = body.Read(one[:]); err == io.EOF {
+				err = nil
+			} else if err == nil {
+				err = errors.New("body longer than its Content-Length")
+			}
+		}
+		body.Close()
+		h.hold(&s.budget, int64(cl))
+		if err != nil {
+			_ = h.Close()
+			return nil, err
+		}
+		return h, nil
+	}
+	// Unknown length (mustBuffer): charge as it grows.
+	h := &heldBody{}
+	var held int64
+	chunk := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(chunk)
+		if n > 0 {
+			if !s.budget.acquire(int64(n)) {
+				body.Close()
+				s.budget.release(held)
+				s.metrics.budgetExceeded.WithLabelValues("refused").Inc()
+				return nil, fmt.Errorf("%w: an HTTP/1.0 client needs the whole answer buffered (no chunked coding) and the %d-byte budget is spent (--buffer-budget-bytes)", ErrBufferBudget, s.budget.limit)
+			}
+			held += int64(n)
+			h.buf = append(h.buf, chunk[:n]...)
+		}
+		if err == io.EOF {
+			body.Close()
+			return h.hold(&s.budget, held), nil
+		}
+		if err != nil {
+			body.Close()
+			s.budget.release(held)
+			return nil, err
+		}
+	}
+}
+
+// bodyError describes a failure to read a worker's body after its headers.
+func (s *Server) bodyError(rt *ruleRuntime, ep *upstream.Endpoint, err error) error {
+	if isTimeout(err) {
+		return fmt.Errorf("%w: endpoint %s: the body stalled past the idle timeout (%v without a byte) after the response began", ErrUpstreamTimeout, ep.ID, rt.rule.Timeouts.Idle.Std())
+	}
+	return fmt.Errorf("%w: endpoint %s: the body broke after the response began: %v", ErrUpstreamFailed, ep.ID, err)
+}
+
+// clientLeft answers a request whose client closed its connection while
+// the worker was working on it; the worker's request is already cancelled.
+func (s *Server) clientLeft(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint) {
+	s.metrics.clientCancels.WithLabelValues(rt.rule.Name).Inc()
+	s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "499").Inc()
+	ctx.SetConnectionClose()
+	writeError(ctx, errClientGone)
+}
+
+// stripHopHeaders deletes from dst the connection-scoped headers of src:
+// the fixed list and every header src's Connection header names (RFC 9110
+// §7.6.1).
+func stripHopHeaders(src, dst interface {
+	Peek(string) []byte
+	Del(string)
+}) {
+	for rest := src.Peek("Connection"); len(rest) > 0; {
+		tok := rest
+		if i := bytes.IndexByte(rest, ','); i >= 0 {
+			tok, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		tok = bytes.TrimSpace(tok)
+		if len(tok) > 0 && !bytes.EqualFold(tok, strClose) && !bytes.EqualFold(tok, strKeepAlive) {
+			dst.Del(string(tok))
+		}
+	}
+	for _, h := range hopHeaders {
+		dst.Del(h)
+	}
+}
+
+var (
+	strClose     = []byte("close")
+	strKeepAlive = []byte("keep-alive")
+)
 
 // containsAcross reports whether marker occurs in the byte stream whose
 // previous bytes end in tail and whose next bytes are b; it updates tail.

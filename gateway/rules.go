@@ -27,6 +27,11 @@ var ErrRuleExists = errors.New("gateway: rule already exists")
 // persisted is not served, and a rule that cannot be served (its listener
 // cannot bind) is not persisted.
 func (s *Server) Apply(r *rule.Rule, create bool) (*rule.Rule, error) {
+	// Checked before the lock: a kvTokenizer path is read while the rule is
+	// installed (under s.mu), so it must be a bounded regular file.
+	if err := checkTokenizerPath(r.KVTokenizer); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var existing *rule.Rule

@@ -260,6 +260,9 @@ func (s *Server) hostClient(addr string, t rule.TimeoutsConfig, tlsCfg *tls.Conf
 		NoDefaultUserAgentHeader:      true,
 		IsTLS:                         tlsCfg != nil,
 		TLSConfig:                     tlsCfg,
+		// Attaches each data-plane request to its connection, so that a
+		// client disconnect can cancel it, and streams every body.
+		Transport: cancelTransport{},
 	}
 	s.clients[key] = hc
 	return hc

@@ -39,6 +39,14 @@ type Config struct {
 	StateDir string
 	// MaxBodyBytes bounds request bodies; default 8 MiB. Larger bodies get 413.
 	MaxBodyBytes int
+	// WriteTimeout bounds each write of a response to a client (the
+	// deadline moves with every chunk of a stream, so it bounds a stall, not
+	// a stream's length): a client that stops reading releases its worker
+	// after it. Default DefaultWriteTimeout.
+	WriteTimeout time.Duration
+	// BufferBudget bounds the bytes of response bodies the gateway holds in
+	// memory at once, over all requests. Default DefaultBufferBudget.
+	BufferBudget int64
 	// TLSCert and TLSKey, when both set, serve the data plane over TLS.
 	TLSCert, TLSKey string
 	// KVMaxBlocks bounds each endpoint's KV-exact inventory (blocks, LRU
@@ -55,6 +63,15 @@ type Config struct {
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
+
+// Defaults of Config.
+const (
+	// DefaultWriteTimeout is nginx's send_timeout default (60 s): the
+	// longest pause in a client's reading that does not cut it off.
+	DefaultWriteTimeout = 60 * time.Second
+	// DefaultBufferBudget is 256 MiB of buffered response bodies.
+	DefaultBufferBudget = 256 << 20
+)
 
 // Server is a running gateway. Create it with New, start it with Start, and
 // stop it with Close. Its methods are safe for concurrent use.
@@ -77,6 +94,7 @@ type Server struct {
 	clients   map[clientKey]*fasthttp.HostClient
 
 	decisions *decisionLog
+	budget    bufferBudget
 
 	adminSrv *http.Server
 	adminLn  net.Listener
@@ -98,9 +116,10 @@ type listenRoutes struct {
 
 // dataListener is one fasthttp server on one address.
 type dataListener struct {
-	key string
-	ln  net.Listener
-	srv *fasthttp.Server
+	key   string
+	ln    net.Listener
+	retry *retryListener // the TCP listener under ln (TLS wraps it)
+	srv   *fasthttp.Server
 }
 
 // New validates cfg and opens the state directory. It starts nothing.
@@ -119,6 +138,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.KVMaxBlocks <= 0 {
 		cfg.KVMaxBlocks = 1 << 20
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.BufferBudget <= 0 {
+		cfg.BufferBudget = DefaultBufferBudget
 	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return nil, errors.New("gateway: TLS needs both a certificate and a key (--tls-cert and --tls-key)")
@@ -143,6 +168,7 @@ func New(cfg Config) (*Server, error) {
 		clients:   map[clientKey]*fasthttp.HostClient{},
 		decisions: newDecisionLog(1024),
 	}
+	s.budget.limit = cfg.BufferBudget
 	s.metrics = newMetrics(s)
 	s.table.Store(&routeTable{byListen: map[string]*listenRoutes{}})
 	return s, nil
@@ -304,10 +330,12 @@ func (s *Server) ensureListener(key string) (*dataListener, error) {
 	if key == "" {
 		addr = s.cfg.Listen
 	}
-	ln, err := net.Listen("tcp", addr)
+	tcp, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: listen %s: %w", addr, err)
 	}
+	retry := newRetryListener(tcp, s.metrics.acceptErrors, s.log)
+	var ln net.Listener = retry
 	if s.cfg.TLSCert != "" {
 		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
 		if err != nil {
@@ -316,7 +344,7 @@ func (s *Server) ensureListener(key string) (*dataListener, error) {
 		}
 		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	}
-	l := &dataListener{key: key, ln: ln}
+	l := &dataListener{key: key, ln: ln, retry: retry}
 	l.srv = s.newDataServer(key)
 	s.listeners[key] = l
 	s.wg.Add(1)
@@ -327,6 +355,23 @@ func (s *Server) ensureListener(key string) (*dataListener, error) {
 		}
 	}()
 	return l, nil
+}
+
+// acceptFailures lists the data listeners that cannot accept connections
+// right now (address → latest accept error).
+func (s *Server) acceptFailures() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out map[string]string
+	for _, l := range s.listeners {
+		if failing, why := l.retry.acceptState(); failing {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[l.retry.addr] = why
+		}
+	}
+	return out
 }
 
 // publishLocked rebuilds the routing table from s.rules. Caller holds s.mu.

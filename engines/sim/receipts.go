@@ -59,6 +59,15 @@ type Receipt struct {
 	FinishReason string `json:"finish_reason,omitempty"`
 	// Crashed reports that a crash fault cut the response.
 	Crashed bool `json:"crashed,omitempty"`
+	// Cancelled reports that the client (for the sim: the gateway) closed
+	// the connection before the answer was complete and generation stopped,
+	// and CancelledAt when the sim noticed. vLLM does the same: its routes
+	// are wrapped in with_cancellation, which cancels the handler when
+	// Starlette reports http.disconnect (vllm-project/vllm
+	// vllm/entrypoints/utils.py @ 00fc8809, with_cancellation), and a
+	// streaming response stops when its write fails.
+	Cancelled   bool      `json:"cancelled,omitempty"`
+	CancelledAt time.Time `json:"cancelled_at,omitzero"`
 }
 
 // BootstrapTriple is SGLang's P/D rendezvous key.

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/internal/peerwatch"
 )
 
 // handle routes one HTTP request. Routes common to every persona live under
@@ -247,9 +249,25 @@ func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 	job.rec.Status = fasthttp.StatusOK
 
 	if !job.stream {
-		s.sleep(s.cfg.DecodePerToken)
-		s.metrics.observeTTFT(time.Since(out.start) + queued)
-		s.sleep(time.Duration(max(out.completionTokens-1, 0)) * s.cfg.DecodePerToken)
+		// The answer is written only at the end, so fasthttp does not read
+		// the connection meanwhile: a watch notices a client that leaves.
+		gone := make(chan struct{})
+		var goneOnce sync.Once
+		w := peerwatch.Watch(ctx.Conn(), func() { goneOnce.Do(func() { close(gone) }) })
+		ok := s.sleepUnless(s.cfg.DecodePerToken, gone)
+		if ok {
+			s.metrics.observeTTFT(time.Since(out.start) + queued)
+			ok = s.sleepUnless(time.Duration(max(out.completionTokens-1, 0))*s.cfg.DecodePerToken, gone)
+		}
+		w.Stop()
+		if !ok && isClosed(gone) {
+			release()
+			s.metrics.finished("abort")
+			job.rec.FinishReason, job.rec.Cancelled, job.rec.CancelledAt = "abort", true, s.cfg.Clock()
+			s.receipts.add(job.rec)
+			ctx.SetConnectionClose()
+			return
+		}
 		body := s.renderFull(job, out)
 		release()
 		s.metrics.finished(out.finish)
@@ -276,10 +294,41 @@ func (s *Sim) serveGen(ctx *fasthttp.RequestCtx, api apiKind) {
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer s.wg.Done()
 		defer release()
-		s.streamChunks(w, out, chunks, -1)
+		if n := s.streamChunks(w, out, chunks, -1); n < len(chunks) && s.ctx.Err() == nil {
+			// The write failed: the client left mid-stream.
+			out.finish = "abort"
+			job.rec.FinishReason, job.rec.Cancelled, job.rec.CancelledAt = "abort", true, s.cfg.Clock()
+		}
 		s.metrics.finished(out.finish)
 		s.receipts.add(job.rec)
 	})
+}
+
+// sleepUnless waits d unless the sim closes or gone closes first; it
+// reports whether the full duration elapsed.
+func (s *Sim) sleepUnless(d time.Duration, gone <-chan struct{}) bool {
+	if d <= 0 {
+		return s.ctx.Err() == nil && !isClosed(gone)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-s.ctx.Done():
+		return false
+	case <-gone:
+		return false
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // streamChunks writes chunks with the decode delay before each token chunk;

@@ -68,6 +68,9 @@ func Decode(p *fastjson.Parser, body []byte) (*fastjson.Value, []byte, error) {
 	if v.Type() != fastjson.TypeObject {
 		return nil, nil, fmt.Errorf("%w: body must be a JSON object, not %s", ErrInvalid, v.Type())
 	}
+	if d := dupField(v, rootFields[:]); d != "" {
+		return nil, nil, dupError(d)
+	}
 	mv := v.Get("model")
 	if mv == nil {
 		return nil, nil, fmt.Errorf("%w: missing required field \"model\"", ErrInvalid)
@@ -93,6 +96,9 @@ func Extract(v *fastjson.Value, model []byte, k Kind, prefixBytes int, out *Requ
 	if so := v.Get("stream_options"); so != nil && so.Type() != fastjson.TypeNull {
 		if so.Type() != fastjson.TypeObject {
 			return fmt.Errorf("%w: field \"stream_options\" must be an object, not %s", ErrInvalid, so.Type())
+		}
+		if d := dupField(so, streamOptionFields[:]); d != "" {
+			return dupError("stream_options." + d)
 		}
 		if iu := so.Get("include_usage"); iu != nil {
 			b, err := iu.Bool()
@@ -127,6 +133,50 @@ func Extract(v *fastjson.Value, model []byte, k Kind, prefixBytes int, out *Requ
 		out.KeyHash, out.HasKey = h.d.Sum64(), true
 	}
 	return nil
+}
+
+// The fields the gateway reads, by object. JSON leaves duplicate names
+// undefined (RFC 8259 §4); the gateway's parser (fastjson) answers the first
+// occurrence while Python engines (json.loads, pydantic) keep the last, so a
+// body such as {"model":"A","model":"B"} would be routed by A's rule to an
+// engine that serves B. A duplicate of any field read here is refused.
+var (
+	rootFields         = [...]string{"model", "stream", "stream_options", "user", "messages", "prompt"}
+	streamOptionFields = [...]string{"include_usage"}
+	messageFields      = [...]string{"role", "content"}
+	partFields         = [...]string{"text"}
+)
+
+// dupField returns the first of names that object v holds more than once,
+// or "". fastjson keeps every member of an object in document order,
+// duplicates included (Object.Visit sees them all; Get answers the first),
+// which is what makes the check possible. It does not allocate.
+func dupField(v *fastjson.Value, names []string) string {
+	o, err := v.Object()
+	if err != nil {
+		return "" // not an object: the caller's type check reports it
+	}
+	var seen uint64 // bit i: names[i] was seen (len(names) <= 64)
+	dup := ""
+	o.Visit(func(key []byte, _ *fastjson.Value) {
+		if dup != "" {
+			return
+		}
+		for i, n := range names {
+			if string(key) == n {
+				if seen&(1<<i) != 0 {
+					dup = n
+				}
+				seen |= 1 << i
+				return
+			}
+		}
+	})
+	return dup
+}
+
+func dupError(field string) error {
+	return fmt.Errorf("%w: field %q appears more than once; duplicate JSON names are ambiguous (the gateway and the engine could read different values)", ErrInvalid, field)
 }
 
 // keyHasher feeds at most left bytes of content into an xxhash digest.
@@ -169,6 +219,9 @@ func parseMessages(mv *fastjson.Value, h *keyHasher, out *Request) error {
 		if m.Type() != fastjson.TypeObject {
 			return fmt.Errorf("%w: messages[%d] must be an object, not %s", ErrInvalid, i, m.Type())
 		}
+		if d := dupField(m, messageFields[:]); d != "" {
+			return dupError(fmt.Sprintf("messages[%d].%s", i, d))
+		}
 		rv := m.Get("role")
 		if rv == nil || rv.Type() != fastjson.TypeString {
 			return fmt.Errorf("%w: messages[%d].role must be a string", ErrInvalid, i)
@@ -188,6 +241,9 @@ func parseMessages(mv *fastjson.Value, h *keyHasher, out *Request) error {
 				for j, part := range parts {
 					if part.Type() != fastjson.TypeObject {
 						return fmt.Errorf("%w: messages[%d].content[%d] must be an object", ErrInvalid, i, j)
+					}
+					if d := dupField(part, partFields[:]); d != "" {
+						return dupError(fmt.Sprintf("messages[%d].content[%d].%s", i, j, d))
 					}
 					if tv := part.Get("text"); tv != nil {
 						if tv.Type() != fastjson.TypeString {

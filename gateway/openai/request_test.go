@@ -73,6 +73,18 @@ func TestParseInvalid(t *testing.T) {
 		{"content number", `{"model":"m","messages":[{"role":"user","content":3}]}`, Chat, "messages[0].content must be a string"},
 		{"missing prompt", `{"model":"m"}`, Completion, `missing required field "prompt"`},
 		{"prompt object", `{"model":"m","prompt":{}}`, Completion, `"prompt" must be a string or an array`},
+		// Duplicate names: fastjson reads the first, Python engines the last.
+		{"duplicate model", `{"model":"A","model":"B","messages":[{"role":"user","content":"x"}]}`, Chat, `"model" appears more than once`},
+		{"duplicate model escaped", `{"model":"A","mod\u0065l":"B","messages":[{"role":"user","content":"x"}]}`, Chat, `"model" appears more than once`},
+		{"duplicate stream", `{"model":"m","stream":false,"stream":true,"messages":[{"role":"user","content":"x"}]}`, Chat, `"stream" appears more than once`},
+		{"duplicate messages", `{"model":"m","messages":[{"role":"user","content":"x"}],"messages":[]}`, Chat, `"messages" appears more than once`},
+		{"duplicate prompt", `{"model":"m","prompt":"a","prompt":"b"}`, Completion, `"prompt" appears more than once`},
+		{"duplicate user", `{"model":"m","user":"a","user":"b","prompt":"x"}`, Completion, `"user" appears more than once`},
+		{"duplicate stream_options", `{"model":"m","stream_options":{},"stream_options":{"include_usage":true},"prompt":"x"}`, Completion, `"stream_options" appears more than once`},
+		{"duplicate include_usage", `{"model":"m","stream_options":{"include_usage":false,"include_usage":true},"prompt":"x"}`, Completion, `"stream_options.include_usage" appears more than once`},
+		{"duplicate role", `{"model":"m","messages":[{"role":"user","role":"system","content":"x"}]}`, Chat, `"messages[0].role" appears more than once`},
+		{"duplicate content", `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"user","content":"a","content":"b"}]}`, Chat, `"messages[1].content" appears more than once`},
+		{"duplicate part text", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}`, Chat, `"messages[0].content[0].text" appears more than once`},
 		{"prompt negative id", `{"model":"m","prompt":[-1]}`, Completion, "non-negative integer"},
 		{"trailing garbage", `{"model":"m","prompt":"x"} x`, Completion, "not valid JSON"},
 	}

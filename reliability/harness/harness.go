@@ -203,6 +203,11 @@ type Receipt struct {
 	CachedTokens int    `json:"cached_tokens"`
 	Status       int    `json:"status"`
 	Crashed      bool   `json:"crashed"`
+	// Cancelled: the sim stopped generating because its client (the
+	// gateway) closed the connection, at CancelledAt; Time is the arrival.
+	Cancelled   bool      `json:"cancelled"`
+	CancelledAt time.Time `json:"cancelled_at"`
+	Time        time.Time `json:"time"`
 }
 
 // Receipts reads the sim's per-request receipts.

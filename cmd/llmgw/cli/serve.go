@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -23,6 +24,8 @@ type ServeOptions struct {
 	AdminTokenFile string
 	MaxBodyBytes   int
 	KVMaxBlocks    int
+	WriteTimeout   time.Duration
+	BufferBudget   int64
 	TLSCert        string
 	TLSKey         string
 	LogLevel       string
@@ -70,6 +73,8 @@ that fails admission stops the start with the reason.`,
 	f.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the bearer token required for mutating admin calls")
 	f.IntVar(&opts.MaxBodyBytes, "max-body-bytes", 8<<20, "largest accepted request body; larger bodies get 413")
 	f.IntVar(&opts.KVMaxBlocks, "kv-max-blocks", 1<<20, "KV-exact inventory cap per endpoint, in blocks (least recently stored blocks are dropped beyond it)")
+	f.DurationVar(&opts.WriteTimeout, "write-timeout", gateway.DefaultWriteTimeout, "longest a response write to a client may block; a streaming client that stops reading is cut off and its worker request cancelled after it")
+	f.Int64Var(&opts.BufferBudget, "buffer-budget-bytes", gateway.DefaultBufferBudget, "memory all buffered response bodies together may hold; beyond it answers stream through, or get 503 when they cannot")
 	f.StringVar(&opts.TLSCert, "tls-cert", "", "PEM certificate for TLS on the data plane (with --tls-key)")
 	f.StringVar(&opts.TLSKey, "tls-key", "", "PEM private key for TLS on the data plane (with --tls-cert)")
 	f.StringVar(&opts.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -101,6 +106,12 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	if opts.MaxBodyBytes <= 0 {
 		return usageErrorf("--max-body-bytes must be positive, got %d", opts.MaxBodyBytes)
 	}
+	if opts.WriteTimeout <= 0 {
+		return usageErrorf("--write-timeout must be positive, got %v", opts.WriteTimeout)
+	}
+	if opts.BufferBudget <= 0 {
+		return usageErrorf("--buffer-budget-bytes must be positive, got %d", opts.BufferBudget)
+	}
 	if opts.KVMaxBlocks <= 0 {
 		return usageErrorf("--kv-max-blocks must be positive, got %d", opts.KVMaxBlocks)
 	}
@@ -128,7 +139,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	srv, err := gateway.New(gateway.Config{
 		Listen: opts.Listen, Admin: opts.Admin, AdminToken: token, StateDir: opts.StateDir,
-		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
+		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, WriteTimeout: opts.WriteTimeout, BufferBudget: opts.BufferBudget, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
 		LogPayloads: opts.LogPayloads, Pprof: opts.Pprof, Logger: log,
 	})
 	if err != nil {

@@ -1,0 +1,143 @@
+package gateway
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Accept back-off bounds: the first retry after a resource error waits
+// acceptBackoffMin, each further one twice as long up to acceptBackoffMax,
+// so a listener is accepting again at most acceptBackoffMax after the
+// resource frees, while a process out of descriptors spins at most
+// 1/acceptBackoffMax times a second.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = 200 * time.Millisecond
+	// acceptLogEvery bounds the accept-failure log to one line per
+	// listener per period (the metric counts every failure).
+	acceptLogEvery = 10 * time.Second
+)
+
+// retryListener keeps a data-plane listener alive through accept errors
+// that pass. fasthttp's Server.Serve returns on every accept error that is
+// not a timeout (fasthttp v1.78.0 server.go, acceptConn: "Permanent error
+// when accepting new connections"), which left the port in LISTEN with a
+// filling backlog and nothing accepting once descriptors ran out (EMFILE).
+// Accept here retries such errors with a back-off instead; only a closed
+// listener ends it. While accepting fails the listener is marked failing,
+// which /readyz reports.
+type retryListener struct {
+	net.Listener
+	addr    string
+	errs    *prometheus.CounterVec // by listener and reason
+	log     *slog.Logger
+	done    chan struct{}
+	once    sync.Once
+	failing atomic.Bool
+
+	mu       sync.Mutex
+	lastErr  string    // the latest accept error while failing
+	lastLog  time.Time // when the latest log line was written
+	unlogged int       // failures since that line
+}
+
+func newRetryListener(ln net.Listener, errs *prometheus.CounterVec, log *slog.Logger) *retryListener {
+	return &retryListener{Listener: ln, addr: ln.Addr().String(), errs: errs, log: log, done: make(chan struct{})}
+}
+
+func (l *retryListener) Accept() (net.Conn, error) {
+	delay := acceptBackoffMin
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil {
+			if l.failing.Swap(false) {
+				l.log.Info("data listener accepting again", "addr", l.addr)
+			}
+			return c, nil
+		}
+		reason, transient := acceptErrorReason(err)
+		if !transient {
+			select {
+			case <-l.done:
+				return nil, net.ErrClosed
+			default:
+			}
+			return nil, err
+		}
+		l.failing.Store(true)
+		l.errs.WithLabelValues(l.addr, reason).Inc()
+		l.note(err)
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-l.done:
+			t.Stop()
+			return nil, net.ErrClosed
+		}
+		delay = min(2*delay, acceptBackoffMax)
+	}
+}
+
+// note records err as the latest failure and logs it at most once per
+// acceptLogEvery.
+func (l *retryListener) note(err error) {
+	l.mu.Lock()
+	l.lastErr = err.Error()
+	l.unlogged++
+	now := time.Now()
+	if now.Sub(l.lastLog) < acceptLogEvery {
+		l.mu.Unlock()
+		return
+	}
+	n := l.unlogged
+	l.lastLog, l.unlogged = now, 0
+	l.mu.Unlock()
+	l.log.Error("data listener cannot accept connections; retrying", "addr", l.addr, "err", err, "failures", n)
+}
+
+// acceptState reports whether accepting currently fails, and why.
+func (l *retryListener) acceptState() (failing bool, lastErr string) {
+	if !l.failing.Load() {
+		return false, ""
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return true, l.lastErr
+}
+
+func (l *retryListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// acceptErrorReason classifies an accept error: transient ones (resources
+// that free again, a connection reset while queued) are retried, anything
+// else ends the listener. reason is the metric label.
+func acceptErrorReason(err error) (reason string, transient bool) {
+	switch {
+	case errors.Is(err, net.ErrClosed):
+		return "closed", false
+	case errors.Is(err, syscall.EMFILE):
+		return "emfile", true
+	case errors.Is(err, syscall.ENFILE):
+		return "enfile", true
+	case errors.Is(err, syscall.ENOBUFS):
+		return "enobufs", true
+	case errors.Is(err, syscall.ENOMEM):
+		return "enomem", true
+	case errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPROTO):
+		return "aborted", true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "timeout", true
+	}
+	return "other", false
+}

@@ -1,0 +1,65 @@
+package gateway
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+
+	"github.com/llmgw/llmgw/gateway/rule"
+)
+
+// maxTokenizerFileBytes bounds a kvTokenizer file. The largest tokenizer.json
+// files of current models are tens of megabytes (Qwen3's is about 11 MB);
+// the bound keeps one rule from making the gateway read an arbitrary file
+// into memory.
+const maxTokenizerFileBytes = 256 << 20
+
+// checkTokenizerPath vets a kvTokenizer that names a path before the admin
+// lock is taken: it must be a regular file of at most maxTokenizerFileBytes
+// (or a directory, which the tokenizer resolves inside). A FIFO or a device
+// is refused: reading one can block for ever, and with the rule's tokenizer
+// loaded under the admin lock it used to stall the whole management API. The
+// open is non-blocking (a FIFO's open would otherwise wait for a writer),
+// and the checks run on the opened file, so a path swapped after the check
+// is not trusted either.
+func checkTokenizerPath(path string) error {
+	switch path {
+	case "", "builtin", "engine":
+		return nil
+	}
+	bad := func(format string, a ...any) error {
+		return &rule.AdmissionError{Code: rule.CodeKVTokenizer, Field: "kvTokenizer", Message: fmt.Sprintf(format, a...)}
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return bad("kvTokenizer %q cannot be opened: %v", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return bad("kvTokenizer %q: %v", path, err)
+	}
+	switch {
+	case st.IsDir():
+		return nil
+	case !st.Mode().IsRegular():
+		return bad("kvTokenizer %q is a %s, not a regular file", path, fileKind(st.Mode()))
+	case st.Size() > maxTokenizerFileBytes:
+		return bad("kvTokenizer %q is %d bytes; the limit is %d", path, st.Size(), maxTokenizerFileBytes)
+	}
+	return nil
+}
+
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeNamedPipe != 0:
+		return "named pipe (FIFO)"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeDevice != 0, m&os.ModeCharDevice != 0:
+		return "device"
+	case m&os.ModeSymlink != 0:
+		return "symbolic link"
+	}
+	return "special file"
+}

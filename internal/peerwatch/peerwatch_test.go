@@ -1,0 +1,96 @@
+package peerwatch
+
+import (
+	"bufio"
+	"net"
+	"testing"
+	"time"
+)
+
+// pair returns both ends of a loopback TCP connection.
+func pair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server = <-acc
+	if server == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
+}
+
+func TestWatch(t *testing.T) {
+	cases := []struct {
+		name     string
+		act      func(c net.Conn) // what the client does
+		wantGone bool
+	}{
+		{"client closes", func(c net.Conn) { c.Close() }, true},
+		{"client half-closes", func(c net.Conn) { _ = c.(*net.TCPConn).CloseWrite() }, true},
+		{"client resets", func(c net.Conn) { _ = c.(*net.TCPConn).SetLinger(0); c.Close() }, true},
+		{"client pipelines a request", func(c net.Conn) { _, _ = c.Write([]byte("GET / HTTP/1.1\r\n\r\n")) }, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			client, server := pair(t)
+			gone := make(chan struct{}, 1)
+			w := Watch(server, func() { gone <- struct{}{} })
+			tc.act(client)
+			if tc.wantGone {
+				select {
+				case <-gone:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the watch did not report the client gone")
+				}
+				w.Stop()
+				return
+			}
+			// Pipelined bytes end the watch without a verdict and are left
+			// for the server to read.
+			w.Stop()
+			select {
+			case <-gone:
+				t.Fatal("pipelined bytes reported as a closed client")
+			default:
+			}
+			_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+			line, err := bufio.NewReader(server).ReadString('\n')
+			if err != nil || line != "GET / HTTP/1.1\r\n" {
+				t.Fatalf("server read %q, %v after the watch; want the pipelined request line", line, err)
+			}
+		})
+	}
+}
+
+// TestStopWithoutEvent: stop ends a watch on a quiet connection, reports
+// nothing, and leaves the connection readable.
+func TestStopWithoutEvent(t *testing.T) {
+	client, server := pair(t)
+	gone := false
+	w := Watch(server, func() { gone = true })
+	w.Stop()
+	if gone {
+		t.Fatal("quiet connection reported gone")
+	}
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [1]byte
+	if _, err := server.Read(b[:]); err != nil {
+		t.Fatalf("read after stop: %v", err)
+	}
+}
