@@ -28,7 +28,7 @@ type upstreamCall struct {
 	cancelled bool
 	// body is the response body stream once headers arrived (nil for a
 	// response without a body). The caller owns it and must Close it.
-	body *upstreamBody
+	body      *upstreamBody
 	bodyStore upstreamBody // body's memory: one allocation per call
 }
 
