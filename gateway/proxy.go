@@ -130,8 +130,8 @@ func (s *Server) routes(key string) *listenRoutes {
 
 func (s *Server) serveModels(ctx *fasthttp.RequestCtx, key string) {
 	if !ctx.IsGet() {
-		ctx.Response.Header.Set("Allow", "GET")
 		writeError(ctx, fmt.Errorf("%w: %s %s; use GET", ErrMethodNotAllowed, ctx.Method(), ctx.Path()))
+		ctx.Response.Header.Set("Allow", "GET") // after writeError, which resets the response
 		return
 	}
 	var models []string
@@ -157,8 +157,8 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx, key string) {
 func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind openai.Kind) {
 	start := time.Now()
 	if !ctx.IsPost() {
-		ctx.Response.Header.Set("Allow", "POST")
 		writeError(ctx, fmt.Errorf("%w: %s %s; this route takes POST requests", ErrMethodNotAllowed, ctx.Method(), ctx.Path()))
+		ctx.Response.Header.Set("Allow", "POST")
 		s.metrics.rejected.WithLabelValues("method").Inc()
 		return
 	}
@@ -685,8 +685,8 @@ func (s *Server) ruleFor(ctx *fasthttp.RequestCtx, key string, model []byte) *ru
 func (s *Server) serveForm(ctx *fasthttp.RequestCtx, key string) {
 	start := time.Now()
 	if !ctx.IsPost() {
-		ctx.Response.Header.Set("Allow", "POST")
 		writeError(ctx, fmt.Errorf("%w: %s %s; this route takes POST requests", ErrMethodNotAllowed, ctx.Method(), ctx.Path()))
+		ctx.Response.Header.Set("Allow", "POST")
 		s.metrics.rejected.WithLabelValues("method").Inc()
 		return
 	}

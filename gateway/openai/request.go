@@ -139,7 +139,13 @@ func Extract(v *fastjson.Value, model []byte, k Kind, prefixBytes int, out *Requ
 			return err
 		}
 	case Embedding:
-		if err := parsePrompt("input", v.Get("input"), &h, out); err != nil {
+		// vLLM's EmbeddingRequest is a completion-style body ("input") or
+		// a chat-style one ("messages", EmbeddingChatRequest).
+		if v.Get("input") == nil && v.Get("messages") != nil {
+			if err := parseMessages(v.Get("messages"), &h, out); err != nil {
+				return err
+			}
+		} else if err := parsePrompt("input", v.Get("input"), &h, out); err != nil {
 			return err
 		}
 	case Responses:

@@ -25,6 +25,7 @@ func TestParseNewRoutes(t *testing.T) {
 		{"embedding string", Embedding, `{"model":"m","input":"hello"}`, false, true, ""},
 		{"embedding list", Embedding, `{"model":"m","input":["a","b"]}`, false, true, ""},
 		{"embedding token ids", Embedding, `{"model":"m","input":[1,2]}`, false, true, ""},
+		{"embedding chat style", Embedding, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, false, true, ""},
 		{"embedding missing input", Embedding, `{"model":"m"}`, false, false, `missing required field "input"`},
 		{"embedding bad input", Embedding, `{"model":"m","input":{}}`, false, false, `field "input" must be a string or an array`},
 		{"embedding duplicate input", Embedding, `{"model":"m","input":"a","input":"b"}`, false, false, `"input" appears more than once`},
