@@ -77,7 +77,7 @@ type kvRuntime struct {
 }
 
 func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme string, client *http.Client) (*kvRuntime, error) {
-	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: max(eff.CHWBL.LoadFactor, kvBoundFactor), scheme: scheme, client: client}
+	kv := &kvRuntime{mode: int(eff.KVExactMode), blockSize: eff.KVBlockSize, loadFactor: max(eff.CHWBL.LoadFactor, kvBoundFactor), scheme: scheme, client: client}
 	for _, ep := range eps {
 		if eff.KVExactMode == 1 && ep.Role != upstream.RolePrefill {
 			continue

@@ -123,6 +123,7 @@ const (
 	CodeListenInvalid        = "listen_invalid"
 	CodeKVEngineImmutable    = "kv_engine_immutable"   // ref V16, 409
 	CodeListenModelConflict  = "listen_model_conflict" // 409
+	CodeReadBackName         = "read_back_name"        // sel_name, kvExactModeName, ep_role_name
 )
 
 // SupportedSels lists the selection policies llmgw implements.
@@ -177,7 +178,7 @@ func Admit(r *Rule, existing *Rule, others []*Rule) error {
 		return bad(CodeRuleMissing, "", "no rule given")
 	}
 	for _, check := range []func(*Rule) *AdmissionError{
-		checkName, checkMode, checkSel, checkEndpoints, checkPD, checkKVExact,
+		checkName, checkMode, checkSel, checkReadBackNames, checkEndpoints, checkPD, checkKVExact,
 		checkEngine, checkKVExactSel, checkKVFields, checkTokenizer, checkSession, checkCHWBL,
 		checkProbe, checkCB, checkTimeouts, checkListen, checkBackendTLS,
 	} {
@@ -220,7 +221,7 @@ func checkMode(r *Rule) *AdmissionError {
 	return bad(CodeModeUnsupported, "mode", "mode %q is not supported: the only mode is \"fullproxy\" (4 is accepted as a synonym); omit mode", string(r.Mode))
 }
 
-func selName(sel int) string {
+func selName(sel Sel) string {
 	switch sel {
 	case 0:
 		return "round robin"

@@ -113,6 +113,7 @@ func (r *Rule) Effective() *Rule {
 	if e.Mode == "" {
 		e.Mode = ModeFullProxy
 	}
+	e.SelName, e.KVExactModeName = e.Sel.Name(), e.KVExactMode.Name()
 	if e.KVEngineType == "" {
 		e.KVEngineType = DefaultKVEngineType
 	}
@@ -210,6 +211,7 @@ func (r *Rule) Effective() *Rule {
 		if ep.NixlPort == 0 {
 			ep.NixlPort = ep.TargetPort
 		}
+		ep.EPRoleName = ep.EPRole.Name()
 	}
 	return e
 }
