@@ -2,6 +2,7 @@ package rule
 
 import (
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -45,5 +46,35 @@ func TestEveryFieldDocumented(t *testing.T) {
 		if !strings.Contains(string(doc), "| `"+name+"` |") {
 			t.Errorf("rule field %s has no row (| `%s` |) in docs/rules.md", f, name)
 		}
+	}
+}
+
+// TestExamplesAdmit: every rule file in examples/ decodes and is admitted,
+// so the examples the README and docs point to keep working.
+func TestExamplesAdmit(t *testing.T) {
+	files, err := filepath.Glob("../../examples/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples found: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rules, err := DecodeList(data)
+			if err != nil {
+				r, err1 := Decode(data)
+				if err1 != nil {
+					t.Fatalf("neither a rule nor a rules file: %v; %v", err1, err)
+				}
+				rules = []*Rule{r}
+			}
+			for _, r := range rules {
+				if err := Admit(r, nil, nil); err != nil {
+					t.Fatalf("%s: %v", r.Name, err)
+				}
+			}
+		})
 	}
 }
