@@ -1,10 +1,14 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
+	"io"
 	"mime/multipart"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -108,4 +112,65 @@ func TestRoutedByModel(t *testing.T) {
 			t.Fatalf("status %d Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
 		}
 	})
+}
+
+// TestResponsesStreamRelayedEventByEvent: a Responses stream (named SSE
+// events, no [DONE]) reaches the client one event at a time: the worker
+// writes its second event only after the client has read the first through
+// the gateway, so a gateway that buffered the stream would never deliver.
+func TestResponsesStreamRelayedEventByEvent(t *testing.T) {
+	firstRead := make(chan struct{})
+	be := newBackend(t, "sse", func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0}\n\n")
+			w.Flush()
+			<-firstRead
+			fmt.Fprint(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1}\n\n")
+			w.Flush()
+		})
+	})
+	gw := startGateway(t, "", nil)
+	mustApply(t, gw, ruleYAML("r", "m", "", be))
+	// Registered last, so it runs first: a failed test unblocks the worker
+	// before the gateway and the worker are closed.
+	var once sync.Once
+	release := func() { once.Do(func() { close(firstRead) }) }
+	t.Cleanup(release)
+	c := newClient(t)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+gw.Addr()+"/v1/responses", strings.NewReader(`{"model":"m","input":"hi","stream":true}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Llmgw-Endpoint") != "w1" {
+		t.Fatalf("status %d endpoint %q", resp.StatusCode, resp.Header.Get("X-Llmgw-Endpoint"))
+	}
+	br := bufio.NewReader(resp.Body)
+	readEvent := func() string {
+		t.Helper()
+		var ev strings.Builder
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("reading the stream: %v (so far %q)", err, ev.String())
+			}
+			if line == "\n" {
+				return ev.String()
+			}
+			ev.WriteString(line)
+		}
+	}
+	if ev := readEvent(); !strings.HasPrefix(ev, "event: response.created\n") {
+		t.Fatalf("first event %q", ev)
+	}
+	release()
+	if ev := readEvent(); !strings.HasPrefix(ev, "event: response.completed\n") {
+		t.Fatalf("second event %q", ev)
+	}
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		t.Fatalf("after the last event: %q, %v (a whole stream gets nothing appended)", rest, err)
+	}
 }
