@@ -15,11 +15,11 @@ import (
 )
 
 // TestOpenAISDK drives the gateway with the official Go SDK (openai-go):
-// chat, chat stream, completions, embeddings, responses and a responses
-// stream, each for two models served by two rules over vLLM simulators. The
-// vLLM persona answers 404 for a model it does not serve, so every success
-// also proves the request reached its model's rule; the X-Llmgw-Endpoint
-// header names the simulator.
+// the model list, then chat, chat stream, completions, embeddings,
+// responses and a responses stream, each for two models served by two
+// rules over vLLM simulators. The vLLM persona answers 404 for a model it
+// does not serve, so every success also proves the request reached its
+// model's rule; the X-Llmgw-Endpoint header names the simulator.
 func TestOpenAISDK(t *testing.T) {
 	gw := startGateway(t, "", nil)
 	for _, model := range []string{"org/model-a", "org/model-b"} {
@@ -38,6 +38,19 @@ func TestOpenAISDK(t *testing.T) {
 		option.WithMaxRetries(0),
 		option.WithHTTPClient(newClient(t)),
 	)
+	t.Run("models", func(t *testing.T) {
+		page, err := client.Models.List(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, m := range page.Data {
+			ids = append(ids, m.ID)
+		}
+		if strings.Join(ids, ",") != "org/model-a,org/model-b" {
+			t.Fatalf("models %v", ids)
+		}
+	})
 	for _, model := range []string{"org/model-a", "org/model-b"} {
 		wantEP := strings.TrimPrefix(model, "org/") + "-w1"
 		var hdr *http.Response
