@@ -169,7 +169,13 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 		// asked for it (--log-payloads), and only at debug level.
 		s.log.Debug("request payload", "path", string(ctx.Path()), "body", string(ctx.PostBody()))
 	}
-	v, model, err := openai.Decode(&st.parser, ctx.PostBody())
+	decode := openai.Decode
+	if kind != openai.Chat && kind != openai.Completion {
+		// A body without a model goes to the default rule, as every such
+		// request did before these routes were routed by model.
+		decode = openai.DecodeOptional
+	}
+	v, model, err := decode(&st.parser, ctx.PostBody())
 	if err != nil {
 		writeError(ctx, err)
 		s.metrics.rejected.WithLabelValues("invalid_body").Inc()
@@ -669,7 +675,12 @@ func (s *Server) ruleFor(ctx *fasthttp.RequestCtx, key string, model []byte) *ru
 			rt = lr.def
 		}
 	}
-	if rt == nil {
+	switch {
+	case rt != nil:
+	case model == nil:
+		writeError(ctx, fmt.Errorf("%w: the request names no model and this listener has no default rule (model_name \"\")", ErrUnknownModel))
+		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
+	default:
 		writeError(ctx, fmt.Errorf("%w: no rule serves model %q on this listener (GET /v1/models lists the served models)", ErrUnknownModel, model))
 		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
 	}

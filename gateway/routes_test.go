@@ -55,6 +55,9 @@ func TestRoutedByModel(t *testing.T) {
 	}{
 		{"embeddings", "/v1/embeddings", "", `{"model":"model-a","input":"x"}`, 200, "a", ""},
 		{"embeddings unknown model falls to default", "/v1/embeddings", "", `{"model":"zzz","input":"x"}`, 200, "def", ""},
+		{"embeddings without model go to default", "/v1/embeddings", "", `{"input":"x"}`, 200, "def", ""},
+		{"tokenize with null model goes to default", "/tokenize", "", `{"model":null,"prompt":"x"}`, 200, "def", ""},
+		{"embeddings with a numeric model", "/v1/embeddings", "", `{"model":1,"input":"x"}`, 400, "", "invalid_request"},
 		{"responses", "/v1/responses", "", `{"model":"model-a","input":"hi"}`, 200, "a", ""},
 		{"rerank v1", "/v1/rerank", "", `{"model":"model-a","query":"q","documents":["d"]}`, 200, "a", ""},
 		{"rerank", "/rerank", "", `{"model":"model-a","query":"q","documents":["d"]}`, 200, "a", ""},

@@ -71,6 +71,20 @@ func Parse(p *fastjson.Parser, body []byte, k Kind, prefixBytes int, out *Reques
 // then Extract. p is reused between calls (from a pool); Decode does not
 // allocate once p has warmed up. The returned value and slice live in p.
 func Decode(p *fastjson.Parser, body []byte) (*fastjson.Value, []byte, error) {
+	return decode(p, body, false)
+}
+
+// DecodeOptional is Decode for the routes whose engines may accept a body
+// without a model and serve their own (vLLM's pooling requests, embeddings,
+// score and rerank, declare model: str | None = None in
+// vllm/entrypoints/pooling/base/protocol.py), and which passed through to
+// the default rule before they were routed by model: a missing or null
+// "model" yields a nil model, not an error.
+func DecodeOptional(p *fastjson.Parser, body []byte) (*fastjson.Value, []byte, error) {
+	return decode(p, body, true)
+}
+
+func decode(p *fastjson.Parser, body []byte, optional bool) (*fastjson.Value, []byte, error) {
 	v, err := p.ParseBytes(body)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: body is not valid JSON: %v", ErrInvalid, err)
@@ -82,6 +96,9 @@ func Decode(p *fastjson.Parser, body []byte) (*fastjson.Value, []byte, error) {
 		return nil, nil, dupError(d)
 	}
 	mv := v.Get("model")
+	if optional && (mv == nil || mv.Type() == fastjson.TypeNull) {
+		return v, nil, nil
+	}
 	if mv == nil {
 		return nil, nil, fmt.Errorf("%w: missing required field \"model\"", ErrInvalid)
 	}
