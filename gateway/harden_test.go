@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // scripted is a worker written by hand on raw TCP, for what no engine does
@@ -188,6 +191,100 @@ func TestBrokenOrLargeBodiesAreNeverDeliveredAsComplete(t *testing.T) {
 				t.Errorf("body %.300q does not contain %q", data, tc.contains)
 			}
 		})
+	}
+}
+
+// TestLongStreamOutlivesTheWriteTimeout: the write timeout bounds a stall
+// in the client's reading, not a stream's length: a stream that runs longer
+// than it, to a client that reads, is delivered whole.
+func TestLongStreamOutlivesTheWriteTimeout(t *testing.T) {
+	b := newScripted(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for i := range 12 {
+			ev := fmt.Sprintf("data: {\"n\":%d}\n\n", i)
+			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+			time.Sleep(50 * time.Millisecond) // the pacing of a token stream: 600 ms in all
+		}
+		ev := "data: [DONE]\n\n"
+		fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
+	})
+	s := startGateway(t, "", func(c *Config) { c.WriteTimeout = 200 * time.Millisecond })
+	mustApply(t, s, scriptedRule("r", "m1", "", b))
+	resp, data, err := rawRequest(t, s.Addr(), "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n", streamChat)
+	if err != nil || resp.StatusCode != 200 || !strings.HasSuffix(string(data), "data: [DONE]\n\n") || !strings.Contains(string(data), `{"n":11}`) {
+		t.Fatalf("status %d err %v body %q; want the whole stream", resp.StatusCode, err, data)
+	}
+}
+
+// TestWriteDeadlineDoesNotOutliveItsResponse: the per-response write
+// deadline is cleared after the response, so on a keep-alive connection a
+// later answer that takes longer than the write timeout is still written.
+func TestWriteDeadlineDoesNotOutliveItsResponse(t *testing.T) {
+	a := newBackend(t, "slow", func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Request.Header.Peek("X-Slow")) != "" {
+			time.Sleep(400 * time.Millisecond) // the worker's own latency
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"ok":true}`)
+	})
+	s := startGateway(t, "", func(c *Config) { c.WriteTimeout = 200 * time.Millisecond })
+	mustApply(t, s, ruleYAML("r", "m1", "", a))
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	for i, slow := range []bool{false, true} {
+		hdr := ""
+		if slow {
+			hdr = "X-Slow: 1\r\n"
+		}
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n%sContent-Length: %d\r\n\r\n%s", hdr, len(chatBody), chatBody)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on the kept-alive connection: %v", i+1, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || string(body) != `{"ok":true}` {
+			t.Fatalf("request %d: status %d err %v body %q", i+1, resp.StatusCode, err, body)
+		}
+	}
+}
+
+// TestSSEHeadersBeforeTheFirstEvent: a streaming client gets the status
+// and headers when the worker sends them, before the first event (a
+// worker's prefill can take seconds).
+func TestSSEHeadersBeforeTheFirstEvent(t *testing.T) {
+	sawHeaders := make(chan struct{})
+	b := newScripted(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		select {
+		case <-sawHeaders:
+		case <-time.After(10 * time.Second):
+		}
+		ev := "data: [DONE]\n\n"
+		fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
+	})
+	s := startGateway(t, "", nil)
+	mustApply(t, s, scriptedRule("r", "m1", "", b))
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n%s", len(streamChat), streamChat)
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no response headers while the worker holds its first event: %v", err)
+	}
+	close(sawHeaders)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || string(body) != "data: [DONE]\n\n" {
+		t.Fatalf("body %q err %v", body, err)
 	}
 }
 
@@ -430,6 +527,32 @@ func TestClientLeavingCancelsTheWorker(t *testing.T) {
 		})
 		rt := s.rules["r"]
 		eventually(t, 5*time.Second, "in-flight to drop to 0", func() bool { return rt.inFlight() == 0 })
+	})
+	t.Run("TLS client closes while waiting", func(t *testing.T) {
+		closed := make(chan struct{})
+		b := newScripted(t, func(c net.Conn, _ *http.Request) {
+			_, _ = io.Copy(io.Discard, c)
+			close(closed)
+		})
+		certFile, keyFile, pool := selfSigned(t, t.TempDir())
+		s := startGateway(t, "", func(c *Config) { c.TLSCert, c.TLSKey = certFile, keyFile })
+		mustApply(t, s, scriptedRule("r", "m1", "timeouts: {first_byte: 60s}\n", b))
+		conn, err := tls.Dial("tcp", s.Addr(), &tls.Config{RootCAs: pool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+		select {
+		case <-b.seen:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the worker saw no request")
+		}
+		conn.Close() // close_notify (encrypted under TLS 1.3), then FIN
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the worker's connection stayed open after the TLS client left")
+		}
 	})
 	t.Run("streaming client stops reading", func(t *testing.T) {
 		workerGone := make(chan struct{})

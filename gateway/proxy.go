@@ -36,12 +36,13 @@ var (
 // reqState is the per-request scratch space, pooled so that the request path
 // does not allocate for parsing or policy input.
 type reqState struct {
-	parser fastjson.Parser
-	oreq   openai.Request
-	preq   policy.Request
-	id     [32]byte
-	kv     kvScratch
-	kvc    kvChoice
+	parser   fastjson.Parser
+	oreq     openai.Request
+	preq     policy.Request
+	id       [32]byte
+	clientID []byte // the client's X-Request-Id, copied
+	kv       kvScratch
+	kvc      kvChoice
 }
 
 var statePool = sync.Pool{New: func() any { return new(reqState) }}
@@ -61,10 +62,10 @@ func (s *Server) newDataServer(key string) *fasthttp.Server {
 		// ReadTimeout bounds reading one whole request (headers and body):
 		// a client that trickles bytes (slowloris) is cut off.
 		ReadTimeout: 30 * time.Second,
-		// WriteTimeout bounds writing a response's header and a buffered
-		// body; a streamed body moves the deadline with every chunk
-		// (relayBody), so it bounds a stall, not a stream.
-		WriteTimeout:          s.cfg.WriteTimeout,
+		// No Server.WriteTimeout: it would bound a whole response, and so
+		// cut long streams. relay sets a write deadline per response
+		// (ctx.SetWriteDeadline, which fasthttp clears afterwards) and a
+		// streamed body moves it with every chunk (relayBody).
 		IdleTimeout:           120 * time.Second,
 		ReadBufferSize:        dataReadBufferSize, // also the request header size limit
 		CloseOnShutdown:       true,
@@ -238,7 +239,10 @@ func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, key string) {
 // requestID returns the client's X-Request-Id, or a fresh 32-hex-char id.
 func requestID(ctx *fasthttp.RequestCtx, st *reqState) []byte {
 	if v := ctx.Request.Header.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 256 && printable(v) {
-		return v
+		// Copied: forward deletes the header before setting it again, and
+		// v points into the header's storage.
+		st.clientID = append(st.clientID[:0], v...)
+		return st.clientID
 	}
 	newRequestID(&st.id)
 	return st.id[:]
@@ -421,6 +425,9 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 	ctx.Response.Header.Set("X-Llmgw-Endpoint", ep.ID)
 	ctx.Response.Header.Set("X-Llmgw-Route", route)
 
+	// Bounds writing the header and a buffered body to a client that does
+	// not read; a streamed body moves it on with every chunk.
+	_ = ctx.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	ttfb := time.Since(upStart)
 	if body == nil { // no body: HEAD, 204, 304
 		watch.Stop()
@@ -487,8 +494,11 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 		cl = -1
 	}
 	rb := &relayBody{s: s, rt: rt, ep: ep, resp: resp, body: body, release: release,
-		conn: ctx.Conn(), wt: s.cfg.WriteTimeout, start: start, upStart: upStart, ttfb: ttfb,
+		ctx: ctx, wt: s.cfg.WriteTimeout, start: start, upStart: upStart, ttfb: ttfb,
 		status: status, obs: obs, sse: sse, sseEvents: sse && cl < 0}
+	// An SSE client sees the status and headers when the worker sent them,
+	// not with the first event.
+	ctx.Response.ImmediateHeaderFlush = sse
 	ctx.Response.SetBodyStream(rb, cl)
 }
 

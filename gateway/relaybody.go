@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"io"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,8 +94,10 @@ type relayBody struct {
 	resp    *fasthttp.Response
 	body    *upstreamBody
 	release func()
-	conn    net.Conn
-	wt      time.Duration
+	// ctx is the request being answered: the body is read while fasthttp
+	// writes its response, when ctx is still live.
+	ctx *fasthttp.RequestCtx
+	wt  time.Duration
 
 	start, upStart time.Time
 	ttfb           time.Duration
@@ -167,7 +168,7 @@ func (r *relayBody) Read(p []byte) (int, error) {
 
 // extend moves the client connection's write deadline.
 func (r *relayBody) extend() {
-	_ = r.conn.SetWriteDeadline(time.Now().Add(r.wt))
+	_ = r.ctx.SetWriteDeadline(time.Now().Add(r.wt))
 }
 
 // CloseWithError ends the relay: it closes the worker's body (which
@@ -190,7 +191,7 @@ func (r *relayBody) finish(werr error) {
 	switch {
 	case clientGone:
 		m.clientCancels.WithLabelValues(ruleName).Inc()
-		r.s.log.Info("client left before the answer was delivered; worker request cancelled", "rule", ruleName, "endpoint", ep.ID, "err", werr)
+		r.s.log.Debug("client left before the answer was delivered; worker request cancelled", "rule", ruleName, "endpoint", ep.ID, "err", werr)
 	case r.upErr != nil:
 		if b := ep.Breaker(); b != nil {
 			b.RecordConnFailure()

@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 
 	"github.com/llmgw/llmgw/gateway/rule"
@@ -16,7 +17,8 @@ const maxTokenizerFileBytes = 256 << 20
 
 // checkTokenizerPath vets a kvTokenizer that names a path before the admin
 // lock is taken: it must be a regular file of at most maxTokenizerFileBytes
-// (or a directory, which the tokenizer resolves inside). A FIFO or a device
+// (a .gguf of any size), or a directory, which the tokenizer resolves
+// inside. A FIFO or a device
 // is refused: reading one can block for ever, and with the rule's tokenizer
 // loaded under the admin lock it used to stall the whole management API. The
 // open is non-blocking (a FIFO's open would otherwise wait for a writer),
@@ -44,7 +46,10 @@ func checkTokenizerPath(path string) error {
 		return nil
 	case !st.Mode().IsRegular():
 		return bad("kvTokenizer %q is a %s, not a regular file", path, fileKind(st.Mode()))
-	case st.Size() > maxTokenizerFileBytes:
+	case st.Size() > maxTokenizerFileBytes && !strings.HasSuffix(strings.ToLower(path), ".gguf"):
+		// A .gguf model file (gigabytes) is read for its metadata header
+		// only, where the tokenizer's vocabulary lives; other files are
+		// read whole.
 		return bad("kvTokenizer %q is %d bytes; the limit is %d", path, st.Size(), maxTokenizerFileBytes)
 	}
 	return nil

@@ -8,7 +8,7 @@ import "syscall"
 // never reports a close.
 type peeker struct{}
 
-func (peeker) closed(rc syscall.RawConn) bool {
+func (peeker) closed(rc syscall.RawConn, _ bool) bool {
 	_ = rc.Read(func(uintptr) bool { return false })
 	return false
 }

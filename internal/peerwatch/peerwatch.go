@@ -8,7 +8,10 @@
 // readable and then peeks (MSG_PEEK) at it without consuming anything: end
 // of stream (the client closed or shut down its sending side) or a reset
 // reports the client gone; bytes (a pipelined request) end the watch
-// without a verdict, since they belong to the server's next read. This is
+// without a verdict, since they belong to the server's next read. Under TLS
+// a client closing sends a close_notify alert before its FIN (Go's
+// tls.Conn.Close, OpenSSL): a TLS record of type alert (21, RFC 8446 §5.1)
+// reports the client gone as well; application data does not. This is
 // the signal net/http derives from its background read (Request.Context is
 // cancelled when the client's connection closes).
 package peerwatch
@@ -25,6 +28,7 @@ import (
 // not be used after.
 type Watcher struct {
 	raw  net.Conn
+	tls  bool
 	rc   syscall.RawConn
 	gone func()
 	done chan struct{}
@@ -40,9 +44,9 @@ var pool = sync.Pool{New: func() any { return &Watcher{done: make(chan struct{},
 // connection the TCP connection under it is watched. A connection that is
 // not a socket is not watched (Stop is then a no-op).
 func Watch(conn net.Conn, gone func()) *Watcher {
-	raw := conn
+	raw, isTLS := conn, false
 	if tc, ok := conn.(*tls.Conn); ok {
-		raw = tc.NetConn()
+		raw, isTLS = tc.NetConn(), true
 	}
 	w := pool.Get().(*Watcher)
 	sc, ok := raw.(syscall.Conn)
@@ -58,13 +62,13 @@ func Watch(conn net.Conn, gone func()) *Watcher {
 	if err := raw.SetReadDeadline(time.Time{}); err != nil {
 		return w
 	}
-	w.raw, w.rc, w.gone = raw, rc, gone
+	w.raw, w.tls, w.rc, w.gone = raw, isTLS, rc, gone
 	go w.run()
 	return w
 }
 
 func (w *Watcher) run() {
-	if w.peek.closed(w.rc) {
+	if w.peek.closed(w.rc, w.tls) {
 		w.gone()
 	}
 	w.done <- struct{}{}

@@ -2,6 +2,13 @@ package peerwatch
 
 import (
 	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
 	"net"
 	"testing"
 	"time"
@@ -92,5 +99,77 @@ func TestStopWithoutEvent(t *testing.T) {
 	var b [1]byte
 	if _, err := server.Read(b[:]); err != nil {
 		t.Fatalf("read after stop: %v", err)
+	}
+}
+
+// tlsPair returns both ends of a loopback TLS connection, handshake done.
+func tlsPair(t *testing.T) (client, server *tls.Conn) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	c, s := pair(t)
+	server = tls.Server(s, &tls.Config{Certificates: []tls.Certificate{cert}})
+	client = tls.Client(c, &tls.Config{InsecureSkipVerify: true}) // a throwaway cert made above
+	errc := make(chan error, 1)
+	go func() { errc <- server.Handshake() }()
+	if err := client.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	return client, server
+}
+
+// TestWatchTLS: a TLS client's Close (close_notify, then FIN) reports it
+// gone; application data (a pipelined request) does not.
+func TestWatchTLS(t *testing.T) {
+	cases := []struct {
+		name     string
+		act      func(c *tls.Conn)
+		wantGone bool
+	}{
+		{"client closes", func(c *tls.Conn) { c.Close() }, true},
+		{"client sends a request", func(c *tls.Conn) { _, _ = c.Write([]byte("GET / HTTP/1.1\r\n\r\n")) }, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			client, server := tlsPair(t)
+			gone := make(chan struct{}, 1)
+			w := Watch(server, func() { gone <- struct{}{} })
+			tc.act(client)
+			if tc.wantGone {
+				select {
+				case <-gone:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the watch did not report the TLS client gone")
+				}
+				w.Stop()
+				return
+			}
+			// The record reaches the server's socket at once on loopback;
+			// the watch must end without a verdict when stopped, and leave
+			// the record to the server.
+			w.Stop()
+			_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+			line, err := bufio.NewReader(server).ReadString('\n')
+			if err != nil || line != "GET / HTTP/1.1\r\n" {
+				t.Fatalf("server read %q, %v; want the request line", line, err)
+			}
+			select {
+			case <-gone:
+				t.Fatal("application data reported as a closed client")
+			default:
+			}
+		})
 	}
 }

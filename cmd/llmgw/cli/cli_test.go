@@ -74,6 +74,8 @@ func TestUsageErrors(t *testing.T) {
 		{"rule get without name", []string{"rule", "get"}, "get needs the rule NAME"},
 		{"rule bad admin url", []string{"rule", "list", "--admin", "localhost"}, "want a URL"},
 		{"missing config file", []string{"serve", "--config", "/nonexistent/llmgw.yaml"}, "config file"},
+		{"zero write timeout", []string{"serve", "--write-timeout", "0s", "--state-dir", "/tmp/llmgw-cli-test"}, "--write-timeout must be positive"},
+		{"zero buffer budget", []string{"serve", "--buffer-budget-bytes", "0", "--state-dir", "/tmp/llmgw-cli-test"}, "--buffer-budget-bytes must be positive"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
