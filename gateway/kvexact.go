@@ -60,7 +60,7 @@ const kvBoundFactor = 2.0
 
 // kvRuntime is a rule's KV-exact state.
 type kvRuntime struct {
-	mode       int
+	mode       rule.KVExactMode
 	blockSize  int
 	tok        kvTokenizer
 	hasher     kvhash.Hasher
@@ -77,7 +77,7 @@ type kvRuntime struct {
 }
 
 func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme string, client *http.Client) (*kvRuntime, error) {
-	kv := &kvRuntime{mode: int(eff.KVExactMode), blockSize: eff.KVBlockSize, loadFactor: max(eff.CHWBL.LoadFactor, kvBoundFactor), scheme: scheme, client: client}
+	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: max(eff.CHWBL.LoadFactor, kvBoundFactor), scheme: scheme, client: client}
 	for _, ep := range eps {
 		if eff.KVExactMode == 1 && ep.Role != upstream.RolePrefill {
 			continue

@@ -201,6 +201,7 @@ func (r *Rule) Effective() *Rule {
 
 	for i := range e.Endpoints {
 		ep := &e.Endpoints[i]
+		ep.EPRoleName = ep.EPRole.Name()
 		if ep.ID == "" {
 			ep.ID = EndpointID(ep.EndpointIP, ep.TargetPort)
 		}
@@ -211,7 +212,6 @@ func (r *Rule) Effective() *Rule {
 		if ep.NixlPort == 0 {
 			ep.NixlPort = ep.TargetPort
 		}
-		ep.EPRoleName = ep.EPRole.Name()
 	}
 	return e
 }

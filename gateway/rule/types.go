@@ -32,17 +32,18 @@ type Rule struct {
 	SessionHeaderName string   `json:"session_header_name,omitempty"`
 	SessionTTL        Duration `json:"session_ttl,omitempty"`
 
-	KVEngineType string `json:"kvEngineType,omitempty"`
 	// KVExactMode: 0 off, 1 P/D prefill, 3 single pool (names off,
 	// pd_prefill, single_pool); KVExactModeName is its read-back name.
 	KVExactMode     KVExactMode `json:"kvExactMode,omitempty"`
 	KVExactModeName string      `json:"kvExactModeName,omitempty"`
-	KVHashAlgo      string      `json:"kvHashAlgo,omitempty"`
-	KVHashSeed      *string     `json:"kvHashSeed,omitempty"`
-	KVBlockSize     int         `json:"kvBlockSize,omitempty"`
-	KVZmqPort       int         `json:"kvZmqPort,omitempty"`
-	KVDpRankCount   int         `json:"kvDpRankCount,omitempty"`
-	KVWarmupSec     int         `json:"kvWarmupSec,omitempty"`
+
+	KVEngineType  string  `json:"kvEngineType,omitempty"`
+	KVHashAlgo    string  `json:"kvHashAlgo,omitempty"`
+	KVHashSeed    *string `json:"kvHashSeed,omitempty"`
+	KVBlockSize   int     `json:"kvBlockSize,omitempty"`
+	KVZmqPort     int     `json:"kvZmqPort,omitempty"`
+	KVDpRankCount int     `json:"kvDpRankCount,omitempty"`
+	KVWarmupSec   int     `json:"kvWarmupSec,omitempty"`
 	// KVTokenizer: "" or "builtin" (the simulator's tokenizer), "engine" (ask a
 	// worker's /tokenize), or a path to a tokenizer.json.
 	KVTokenizer string `json:"kvTokenizer,omitempty"`
