@@ -291,37 +291,6 @@ func runChildGateway(dir string) {
 	select {} // until killed
 }
 
-// TestAdminWrongMethodIs405: a path the admin API serves under other
-// methods answers 405 with Allow (the catch-all used to make it 404); an
-// unknown path stays 404.
-func TestAdminWrongMethodIs405(t *testing.T) {
-	s := startGateway(t, "", nil)
-	c := newClient(t)
-	cases := []struct {
-		method, path string
-		status       int
-		allow        string
-	}{
-		{"PATCH", "/v1/rules/x", 405, "GET, PUT, DELETE"},
-		{"OPTIONS", "/readyz", 405, "GET"},
-		{"PATCH", "/v1/rules", 405, "GET, POST"},
-		{"GET", "/nope", 404, ""},
-	}
-	for _, tc := range cases {
-		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
-			req, _ := http.NewRequest(tc.method, "http://"+s.AdminAddr()+tc.path, nil)
-			resp, err := c.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow {
-				t.Errorf("%s %s = %d Allow %q; want %d Allow %q", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), tc.status, tc.allow)
-			}
-		})
-	}
-}
-
 // TestPprof: profiles are off by default, served with --pprof, and behind
 // the admin token when one is set.
 func TestPprof(t *testing.T) {
@@ -351,6 +320,37 @@ func TestPprof(t *testing.T) {
 			resp.Body.Close()
 			if resp.StatusCode != tc.want {
 				t.Fatalf("GET /debug/pprof/cmdline = %d; want %d", resp.StatusCode, tc.want)
+			}
+		})
+	}
+}
+
+// TestAdminWrongMethodIs405: a path the admin API serves under other
+// methods answers 405 with Allow (the catch-all used to make it 404); an
+// unknown path stays 404.
+func TestAdminWrongMethodIs405(t *testing.T) {
+	s := startGateway(t, "", nil)
+	c := newClient(t)
+	cases := []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{"PATCH", "/v1/rules/x", 405, "GET, PUT, DELETE"},
+		{"OPTIONS", "/readyz", 405, "GET"},
+		{"PATCH", "/v1/rules", 405, "GET, POST"},
+		{"GET", "/nope", 404, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, "http://"+s.AdminAddr()+tc.path, nil)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow {
+				t.Errorf("%s %s = %d Allow %q; want %d Allow %q", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), tc.status, tc.allow)
 			}
 		})
 	}

@@ -395,7 +395,7 @@ func TestGatewayErrorsCarryARequestID(t *testing.T) {
 		name, method, path, body, clientID string
 		status                             int
 	}{
-		{"no route", "GET", "/tokenize", "", "", 404},
+		{"no route", "GET", "/version", "", "", 404},
 		{"unknown model", "POST", "/v1/chat/completions", `{"model":"zz","messages":[{"role":"user","content":"x"}]}`, "cid-1", 404},
 		{"unreachable worker", "POST", "/v1/chat/completions", `{"model":"m2","messages":[{"role":"user","content":"x"}]}`, "cid-2", 502},
 		{"PATCH on chat", "PATCH", "/v1/chat/completions", chatBody, "", 405},

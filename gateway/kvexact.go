@@ -61,7 +61,7 @@ const kvBoundFactor = 2.0
 
 // kvRuntime is a rule's KV-exact state.
 type kvRuntime struct {
-	mode       int
+	mode       rule.KVExactMode
 	blockSize  int
 	tok        kvTokenizer
 	hasher     kvhash.Hasher

@@ -102,7 +102,7 @@ func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint, tlsCfg *tls.Config, 
 	// The prefill pick honours the rule's sel (the decode holds no prompt
 	// state worth an affinity, so it is always least in-flight).
 	if pd.pickP, err = policy.New(policy.Config{
-		Sel:        eff.Sel,
+		Sel:        int(eff.Sel),
 		LoadFactor: eff.CHWBL.LoadFactor,
 		Replicas:   eff.CHWBL.Replicas,
 		SessionTTL: eff.SessionTTL.Std(),
@@ -614,6 +614,12 @@ func (r *pdRequest) serveConcurrent() error {
 // is the decode's own answer, relayed at once (status and body verbatim),
 // and the prefill leg, which would otherwise wait for a decode that never
 // joins, is cancelled and not charged.
+// pdSettleGrace bounds how long a concurrent pair whose decode failed first
+// waits for its prefill's answer, which may explain the failure (a rejected
+// or unreachable prefill). Short against the client's wait, so the decode's
+// own failure still reaches the client promptly.
+const pdSettleGrace = 300 * time.Millisecond
+
 func (r *pdRequest) concurrentPair(P, D *upstream.Endpoint) (err error, retry bool) {
 	name := r.rt.rule.Name
 	m := r.s.metrics
@@ -645,18 +651,42 @@ func (r *pdRequest) concurrentPair(P, D *upstream.Endpoint) (err error, retry bo
 	case pr = <-prefillDone:
 	case <-dl.headers:
 		if dl.err != nil || dl.resp.StatusCode >= 400 {
-			// The decode failed on its own: the prefill can only wait for
-			// it now. Cancel it (a cancelled leg charges no breaker) and
-			// answer with the decode's failure.
-			cancelPrefill()
-			wg.Wait()
-			m.pdRequests.WithLabelValues(name, "prefill", "cancelled").Inc()
-			r.route += " decode-failed"
-			return r.finishDecode(dl, cancelLegs), false
+			// The decode failed first. It may have failed because of the
+			// prefill (a rejected or unreachable prefill never joins the
+			// bootstrap rendezvous), so the prefill gets a short, bounded
+			// chance to say so: its rejection is relayed, and a dead
+			// prefill is retried with a fresh pair, as when it answers
+			// first. Otherwise the decode failed on its own: the prefill
+			// can only wait for it now. Cancel it (a cancelled leg charges
+			// no breaker) and answer with the decode's failure.
+			settle := time.NewTimer(pdSettleGrace)
+			select {
+			case pr = <-prefillDone:
+				settle.Stop()
+				if pr.err != nil && isDialErr(pr.err) || pr.err == nil && pr.status >= 400 && pr.status < 500 {
+					break // the prefill's own failure explains the decode's
+				}
+				wg.Wait()
+				status := "success"
+				if pr.err != nil || pr.status >= 400 {
+					status = "error"
+				}
+				m.pdRequests.WithLabelValues(name, "prefill", status).Inc()
+				r.route += " decode-failed"
+				return r.finishDecode(dl, cancelLegs), false
+			case <-settle.C:
+				cancelPrefill()
+				wg.Wait()
+				m.pdRequests.WithLabelValues(name, "prefill", "cancelled").Inc()
+				r.route += " decode-failed"
+				return r.finishDecode(dl, cancelLegs), false
+			}
+		} else {
+			// The decode answered first; its bytes wait until the
+			// prefill's status is known, so a prefill rejection can still
+			// be relayed.
+			pr = <-prefillDone
 		}
-		// The decode answered first; its bytes wait until the prefill's
-		// status is known, so a prefill rejection can still be relayed.
-		pr = <-prefillDone
 	}
 	m.pdPrefillDuration.WithLabelValues(name).Observe(pr.dur.Seconds())
 	fail := func(e error) (error, bool) {

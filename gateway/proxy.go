@@ -115,7 +115,14 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, key string) {
 	case bytes.Equal(path, pathModels):
 		s.serveModels(ctx, key)
 	default:
-		s.servePassthrough(ctx, key)
+		switch r, ok := modelRoutes[string(path)]; {
+		case !ok:
+			s.servePassthrough(ctx, key)
+		case r.form:
+			s.serveForm(ctx, key)
+		default:
+			s.serveCompletion(ctx, key, r.kind)
+		}
 	}
 }
 
@@ -125,8 +132,8 @@ func (s *Server) routes(key string) *listenRoutes {
 
 func (s *Server) serveModels(ctx *fasthttp.RequestCtx, key string) {
 	if !ctx.IsGet() {
-		ctx.Response.Header.Set("Allow", "GET")
 		writeError(ctx, fmt.Errorf("%w: %s %s; use GET", ErrMethodNotAllowed, ctx.Method(), ctx.Path()))
+		ctx.Response.Header.Set("Allow", "GET") // after writeError, which resets the response
 		return
 	}
 	var models []string
@@ -152,8 +159,8 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx, key string) {
 func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind openai.Kind) {
 	start := time.Now()
 	if !ctx.IsPost() {
+		writeError(ctx, fmt.Errorf("%w: %s %s; this route takes POST requests", ErrMethodNotAllowed, ctx.Method(), ctx.Path()))
 		ctx.Response.Header.Set("Allow", "POST")
-		writeError(ctx, fmt.Errorf("%w: %s %s; completions are POST requests", ErrMethodNotAllowed, ctx.Method(), ctx.Path()))
 		s.metrics.rejected.WithLabelValues("method").Inc()
 		return
 	}
@@ -164,22 +171,20 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 		// asked for it (--log-payloads), and only at debug level.
 		s.log.Debug("request payload", "path", string(ctx.Path()), "body", string(ctx.PostBody()))
 	}
-	v, model, err := openai.Decode(&st.parser, ctx.PostBody())
+	decode := openai.Decode
+	if kind != openai.Chat && kind != openai.Completion {
+		// A body without a model goes to the default rule, as every such
+		// request did before these routes were routed by model.
+		decode = openai.DecodeOptional
+	}
+	v, model, err := decode(&st.parser, ctx.PostBody())
 	if err != nil {
 		writeError(ctx, err)
 		s.metrics.rejected.WithLabelValues("invalid_body").Inc()
 		return
 	}
-	lr := s.routes(key)
-	var rt *ruleRuntime
-	if lr != nil {
-		if rt = lr.byModel[string(model)]; rt == nil {
-			rt = lr.def
-		}
-	}
+	rt := s.ruleFor(ctx, key, model)
 	if rt == nil {
-		writeError(ctx, fmt.Errorf("%w: no rule serves model %q on this listener (GET /v1/models lists the served models)", ErrUnknownModel, model))
-		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
 		return
 	}
 	if err := openai.Extract(v, model, kind, rt.prefix, &st.oreq); err != nil {
@@ -195,6 +200,16 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 	st.preq = policy.Request{KeyHash: st.oreq.KeyHash, HasKey: st.oreq.HasKey}
 	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(ctx)
 	st.preq.Session = rt.sessionValue(ctx, st.oreq.User)
+	if kind != openai.Chat && kind != openai.Completion {
+		// The P/D hand-off and the KV-exact tokenizer know chat and
+		// completion bodies only. Embeddings, rerank, score and tokenize
+		// are not generation; a Responses body is, but its prompt is
+		// rendered by the engine from items the gateway does not
+		// tokenize. The rule's policy picks, by the content key where
+		// there is one (see docs/data-plane.md).
+		s.forward(ctx, rt, st, st.oreq.Stream, start, nil)
+		return
+	}
 	if rt.pd != nil {
 		s.servePD(ctx, rt, st, v, kind, st.oreq.Stream, start)
 		return
@@ -749,4 +764,90 @@ func appendJSONString(dst []byte, s string) []byte {
 		}
 	}
 	return append(dst, '"')
+}
+
+// modelRoute is how a routed path's body names its model.
+type modelRoute struct {
+	kind openai.Kind // JSON body shape
+	form bool        // multipart/form-data with a "model" field
+}
+
+// modelRoutes are the OpenAI-compatible paths, beside chat and completions,
+// that are routed by the body's model; every other path passes through to
+// the listener's default rule. Which engine serves which path is listed
+// in docs/data-plane.md: the gateway forwards the path unchanged, and an
+// engine that does not serve it answers its own 404, which is relayed.
+var modelRoutes = map[string]modelRoute{
+	"/v1/embeddings":           {kind: openai.Embedding},
+	"/v1/responses":            {kind: openai.Responses},
+	"/v1/rerank":               {kind: openai.ModelOnly},
+	"/rerank":                  {kind: openai.ModelOnly},
+	"/v2/rerank":               {kind: openai.ModelOnly},
+	"/v1/score":                {kind: openai.ModelOnly},
+	"/score":                   {kind: openai.ModelOnly},
+	"/tokenize":                {kind: openai.ModelOnly},
+	"/detokenize":              {kind: openai.ModelOnly},
+	"/v1/tokenize":             {kind: openai.ModelOnly},
+	"/v1/detokenize":           {kind: openai.ModelOnly},
+	"/v1/audio/transcriptions": {form: true},
+	"/v1/audio/translations":   {form: true},
+}
+
+// ruleFor finds the rule serving model on listener key (the default rule
+// when no rule names it), or answers 404 unknown_model and returns nil.
+func (s *Server) ruleFor(ctx *fasthttp.RequestCtx, key string, model []byte) *ruleRuntime {
+	lr := s.routes(key)
+	var rt *ruleRuntime
+	if lr != nil {
+		if rt = lr.byModel[string(model)]; rt == nil {
+			rt = lr.def
+		}
+	}
+	switch {
+	case rt != nil:
+	case model == nil:
+		writeError(ctx, fmt.Errorf("%w: the request names no model and this listener has no default rule (model_name \"\")", ErrUnknownModel))
+		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
+	default:
+		writeError(ctx, fmt.Errorf("%w: no rule serves model %q on this listener (GET /v1/models lists the served models)", ErrUnknownModel, model))
+		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
+	}
+	return rt
+}
+
+// serveForm routes a multipart/form-data request (the audio routes) by its
+// "model" field. The body is already in memory, bounded by the listener's
+// body limit; only the model and stream values are copied out of it. A
+// form without a model goes to the default rule (the engine then serves
+// its own model). There is no content key: an audio file is no prompt
+// prefix a worker caches.
+func (s *Server) serveForm(ctx *fasthttp.RequestCtx, key string) {
+	start := time.Now()
+	if !ctx.IsPost() {
+		writeError(ctx, fmt.Errorf("%w: %s %s; this route takes POST requests", ErrMethodNotAllowed, ctx.Method(), ctx.Path()))
+		ctx.Response.Header.Set("Allow", "POST")
+		s.metrics.rejected.WithLabelValues("method").Inc()
+		return
+	}
+	f, err := openai.ParseForm(ctx.Request.Header.ContentType(), ctx.PostBody())
+	if err != nil {
+		writeError(ctx, err)
+		s.metrics.rejected.WithLabelValues("invalid_body").Inc()
+		return
+	}
+	rt := s.ruleFor(ctx, key, f.Model)
+	if rt == nil {
+		return
+	}
+	if f.Stream && !ctx.Request.Header.IsHTTP11() {
+		writeError(ctx, fmt.Errorf("%w: \"stream\": true over %s; an HTTP/1.0 answer of unknown length could only end by closing the connection, which cannot be told from a cut stream (use HTTP/1.1)", ErrStreamNeedsHTTP11, ctx.Request.Header.Protocol()))
+		s.metrics.rejected.WithLabelValues("stream_http10").Inc()
+		return
+	}
+	st := statePool.Get().(*reqState)
+	defer statePool.Put(st)
+	st.preq = policy.Request{}
+	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(ctx)
+	st.preq.Session = rt.sessionValue(ctx, nil)
+	s.forward(ctx, rt, st, f.Stream, start, nil)
 }

@@ -118,7 +118,7 @@ func TestBadInputRejectedBeforeBackend(t *testing.T) {
 		{"unknown model", "POST", "/v1/chat/completions", `{"model":"zz","messages":[{"role":"user","content":"x"}]}`, 404, "model_not_found"},
 		{"oversize body", "POST", "/v1/chat/completions", big, 413, "request_too_large"},
 		{"GET on completions", "GET", "/v1/chat/completions", "", 405, "method_not_allowed"},
-		{"other path without default rule", "GET", "/tokenize", "", 404, "not_found"},
+		{"other path without default rule", "GET", "/version", "", 404, "not_found"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

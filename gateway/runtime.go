@@ -122,7 +122,7 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 	}
 	rt.obs = s.metrics.forRule(eff.Name, ids)
 	p, err := policy.New(policy.Config{
-		Sel:        eff.Sel,
+		Sel:        int(eff.Sel),
 		LoadFactor: eff.CHWBL.LoadFactor,
 		Replicas:   eff.CHWBL.Replicas,
 		SessionTTL: eff.SessionTTL.Std(),

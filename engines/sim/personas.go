@@ -19,6 +19,10 @@ func (s *Sim) routeVLLM(ctx *fasthttp.RequestCtx, path string) {
 		s.onlyPost(ctx, func() { s.serveGen(ctx, apiChat) })
 	case "/v1/completions":
 		s.onlyPost(ctx, func() { s.serveGen(ctx, apiCompletion) })
+	case "/v1/embeddings":
+		s.onlyPost(ctx, func() { s.serveEmbeddingsVLLM(ctx) })
+	case "/v1/responses":
+		s.onlyPost(ctx, func() { s.serveResponsesVLLM(ctx) })
 	case "/v1/models":
 		s.onlyGet(ctx, func() { s.serveModels(ctx, "vllm") })
 	case "/health":

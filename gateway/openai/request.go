@@ -19,6 +19,16 @@ type Kind uint8
 const (
 	Chat       Kind = iota // /v1/chat/completions: "messages"
 	Completion             // /v1/completions: "prompt"
+	// Embedding is /v1/embeddings: "input" (a string, a list of strings,
+	// token ids or token-id lists, like "prompt").
+	Embedding
+	// Responses is /v1/responses: "instructions" and "input" (a string or
+	// a list of items; a message item's "role" and "content" are read).
+	Responses
+	// ModelOnly is every other routed JSON body (rerank, score, tokenize,
+	// detokenize): only "model", "stream" and "user" are read; there is
+	// no content key.
+	ModelOnly
 )
 
 // ErrInvalid is wrapped by every error Parse returns: the body is not a
@@ -61,6 +71,20 @@ func Parse(p *fastjson.Parser, body []byte, k Kind, prefixBytes int, out *Reques
 // then Extract. p is reused between calls (from a pool); Decode does not
 // allocate once p has warmed up. The returned value and slice live in p.
 func Decode(p *fastjson.Parser, body []byte) (*fastjson.Value, []byte, error) {
+	return decode(p, body, false)
+}
+
+// DecodeOptional is Decode for the routes whose engines may accept a body
+// without a model and serve their own (vLLM's pooling requests, embeddings,
+// score and rerank, declare model: str | None = None in
+// vllm/entrypoints/pooling/base/protocol.py), and which passed through to
+// the default rule before they were routed by model: a missing or null
+// "model" yields a nil model, not an error.
+func DecodeOptional(p *fastjson.Parser, body []byte) (*fastjson.Value, []byte, error) {
+	return decode(p, body, true)
+}
+
+func decode(p *fastjson.Parser, body []byte, optional bool) (*fastjson.Value, []byte, error) {
 	v, err := p.ParseBytes(body)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: body is not valid JSON: %v", ErrInvalid, err)
@@ -72,6 +96,9 @@ func Decode(p *fastjson.Parser, body []byte) (*fastjson.Value, []byte, error) {
 		return nil, nil, dupError(d)
 	}
 	mv := v.Get("model")
+	if optional && (mv == nil || mv.Type() == fastjson.TypeNull) {
+		return v, nil, nil
+	}
 	if mv == nil {
 		return nil, nil, fmt.Errorf("%w: missing required field \"model\"", ErrInvalid)
 	}
@@ -125,7 +152,21 @@ func Extract(v *fastjson.Value, model []byte, k Kind, prefixBytes int, out *Requ
 			return err
 		}
 	case Completion:
-		if err := parsePrompt(v.Get("prompt"), &h, out); err != nil {
+		if err := parsePrompt("prompt", v.Get("prompt"), &h, out); err != nil {
+			return err
+		}
+	case Embedding:
+		// vLLM's EmbeddingRequest is a completion-style body ("input") or
+		// a chat-style one ("messages", EmbeddingChatRequest).
+		if v.Get("input") == nil && v.Get("messages") != nil {
+			if err := parseMessages(v.Get("messages"), &h, out); err != nil {
+				return err
+			}
+		} else if err := parsePrompt("input", v.Get("input"), &h, out); err != nil {
+			return err
+		}
+	case Responses:
+		if err := parseResponsesInput(v, &h, out); err != nil {
 			return err
 		}
 	}
@@ -141,7 +182,7 @@ func Extract(v *fastjson.Value, model []byte, k Kind, prefixBytes int, out *Requ
 // body such as {"model":"A","model":"B"} would be routed by A's rule to an
 // engine that serves B. A duplicate of any field read here is refused.
 var (
-	rootFields         = [...]string{"model", "stream", "stream_options", "user", "messages", "prompt"}
+	rootFields         = [...]string{"model", "stream", "stream_options", "user", "messages", "prompt", "input", "instructions"}
 	streamOptionFields = [...]string{"include_usage"}
 	messageFields      = [...]string{"role", "content"}
 	partFields         = [...]string{"text"}
@@ -265,9 +306,9 @@ func parseMessages(mv *fastjson.Value, h *keyHasher, out *Request) error {
 	return nil
 }
 
-func parsePrompt(pv *fastjson.Value, h *keyHasher, out *Request) error {
+func parsePrompt(field string, pv *fastjson.Value, h *keyHasher, out *Request) error {
 	if pv == nil {
-		return fmt.Errorf("%w: missing required field \"prompt\"", ErrInvalid)
+		return fmt.Errorf("%w: missing required field %q", ErrInvalid, field)
 	}
 	switch pv.Type() {
 	case fastjson.TypeString:
@@ -280,7 +321,7 @@ func parsePrompt(pv *fastjson.Value, h *keyHasher, out *Request) error {
 		// the prefix a worker caches first.
 		items, _ := pv.Array()
 		if len(items) == 0 {
-			return fmt.Errorf("%w: field \"prompt\" must not be empty", ErrInvalid)
+			return fmt.Errorf("%w: field %q must not be empty", ErrInvalid, field)
 		}
 		for i, it := range items {
 			switch it.Type() {
@@ -293,7 +334,7 @@ func parsePrompt(pv *fastjson.Value, h *keyHasher, out *Request) error {
 			case fastjson.TypeNumber:
 				n, err := it.Int64()
 				if err != nil || n < 0 {
-					return fmt.Errorf("%w: prompt[%d] must be a non-negative integer token id", ErrInvalid, i)
+					return fmt.Errorf("%w: %s[%d] must be a non-negative integer token id", ErrInvalid, field, i)
 				}
 				if i == 0 || h.wrote {
 					var buf [4]byte
@@ -308,7 +349,7 @@ func parsePrompt(pv *fastjson.Value, h *keyHasher, out *Request) error {
 				for _, id := range ids {
 					n, err := id.Int64()
 					if err != nil || n < 0 {
-						return fmt.Errorf("%w: prompt[%d] must hold non-negative integer token ids", ErrInvalid, i)
+						return fmt.Errorf("%w: %s[%d] must hold non-negative integer token ids", ErrInvalid, field, i)
 					}
 					if i == 0 {
 						var buf [4]byte
@@ -320,11 +361,11 @@ func parsePrompt(pv *fastjson.Value, h *keyHasher, out *Request) error {
 					out.PromptBytes += 4
 				}
 			default:
-				return fmt.Errorf("%w: prompt[%d] must be a string, a token id or a list of token ids, not %s", ErrInvalid, i, it.Type())
+				return fmt.Errorf("%w: %s[%d] must be a string, a token id or a list of token ids, not %s", ErrInvalid, field, i, it.Type())
 			}
 		}
 	default:
-		return fmt.Errorf("%w: field \"prompt\" must be a string or an array, not %s", ErrInvalid, pv.Type())
+		return fmt.Errorf("%w: field %q must be a string or an array, not %s", ErrInvalid, field, pv.Type())
 	}
 	return nil
 }

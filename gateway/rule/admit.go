@@ -127,6 +127,7 @@ const (
 	CodeListenInvalid        = "listen_invalid"
 	CodeKVEngineImmutable    = "kv_engine_immutable"   // ref V16, 409
 	CodeListenModelConflict  = "listen_model_conflict" // 409
+	CodeReadBackName         = "read_back_name"        // sel_name, kvExactModeName, ep_role_name
 )
 
 // SupportedSels lists the selection policies llmgw implements.
@@ -207,7 +208,7 @@ func Admit(r *Rule, existing *Rule, others []*Rule) error {
 		return bad(CodeRuleMissing, "", "no rule given")
 	}
 	for _, check := range []func(*Rule) *AdmissionError{
-		checkName, checkMode, checkSel, checkEndpoints, checkPD, checkKVExact,
+		checkName, checkMode, checkSel, checkReadBackNames, checkEndpoints, checkPD, checkKVExact,
 		checkEngine, checkKVExactSel, checkKVFields, checkTokenizer, checkSession, checkCHWBL,
 		checkProbe, checkCB, checkTimeouts, checkListen, checkBackendTLS,
 	} {
@@ -250,7 +251,7 @@ func checkMode(r *Rule) *AdmissionError {
 	return bad(CodeModeUnsupported, "mode", "mode %q is not supported: the only mode is \"fullproxy\" (4 is accepted as a synonym); omit mode", string(r.Mode))
 }
 
-func selName(sel int) string {
+func selName(sel Sel) string {
 	switch sel {
 	case 0:
 		return "round robin"

@@ -95,7 +95,7 @@ func TestDecodeFields(t *testing.T) {
 		got, want any
 	}{
 		{"mode", r.Mode, ModeFullProxy},
-		{"sel", r.Sel, 3},
+		{"sel", r.Sel, SelSession},
 		{"session header", r.SessionHeaderName, "X-S"},
 		{"session ttl", r.SessionTTL.Std(), 15 * time.Minute},
 		{"hash seed set", r.KVHashSeed != nil && *r.KVHashSeed == "0", true},
@@ -287,7 +287,7 @@ func TestDecodeList(t *testing.T) {
 		{name: "empty list", in: `[]`, wantNames: []string{}},
 		{name: "null rules", in: "rules:\n", wantNames: []string{}},
 		{name: "error path has index", in: "rules:\n  - name: a\n  - name: b\n    endpoints: [{epRole: 1}]\n", wantErr: `rules[1].endpoints[0].epRole: unknown field; did you mean "ep_role"?`},
-		{name: "error path in array", in: `[{"name":"a"},{"sel":"x"}]`, wantErr: "[1].sel: want integer"},
+		{name: "error path in array", in: `[{"name":"a"},{"sel":"x"}]`, wantErr: `[1].sel: unknown name "x"`},
 		{name: "duplicate names", in: `[{"name":"a"},{"name":"a"}]`, wantErr: `[1].name: duplicate rule name "a"`},
 		{name: "single rule object", in: `{"name":"a"}`, wantErr: "wrap it in a list"},
 		{name: "unknown top key", in: "rulez: []\n", wantErr: "rulez: unknown field"},

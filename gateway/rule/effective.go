@@ -119,6 +119,7 @@ func (r *Rule) Effective() *Rule {
 	if e.Mode == "" {
 		e.Mode = ModeFullProxy
 	}
+	e.SelName, e.KVExactModeName = e.Sel.Name(), e.KVExactMode.Name()
 	if e.KVEngineType == "" {
 		e.KVEngineType = DefaultKVEngineType
 	}
@@ -212,6 +213,7 @@ func (r *Rule) Effective() *Rule {
 
 	for i := range e.Endpoints {
 		ep := &e.Endpoints[i]
+		ep.EPRoleName = ep.EPRole.Name()
 		if ep.ID == "" {
 			ep.ID = EndpointID(ep.EndpointIP, ep.TargetPort)
 		}

@@ -20,15 +20,24 @@ type Rule struct {
 	// Mode is "fullproxy" (4 accepted as a synonym); the only mode.
 	Mode Mode `json:"mode,omitempty"`
 	// Sel: 0 rr, 2 weighted rr, 3 session affinity, 4 least in-flight,
-	// 8 CHWBL, 10 weighted CHWBL.
-	Sel int `json:"sel"`
+	// 8 CHWBL, 10 weighted CHWBL; the names rr, wrr, session,
+	// least_inflight, chwbl, weighted_chwbl are accepted beside the numbers
+	// and it is read back as the number (see names.go).
+	Sel Sel `json:"sel"`
+	// SelName is sel's name, filled by Effective for read-back. A body may
+	// carry it (a read-back applied again) only when it names sel.
+	SelName string `json:"sel_name,omitempty"`
 	// SessionHeaderName: "<Header-Name>", "cookie:<NAME>" or "query:<NAME>";
 	// the body's "user" is the fallback key.
 	SessionHeaderName string   `json:"session_header_name,omitempty"`
 	SessionTTL        Duration `json:"session_ttl,omitempty"`
 
+	// KVExactMode: 0 off, 1 P/D prefill, 3 single pool (names off,
+	// pd_prefill, single_pool); KVExactModeName is its read-back name.
+	KVExactMode     KVExactMode `json:"kvExactMode,omitempty"`
+	KVExactModeName string      `json:"kvExactModeName,omitempty"`
+
 	KVEngineType  string  `json:"kvEngineType,omitempty"`
-	KVExactMode   int     `json:"kvExactMode,omitempty"`
 	KVHashAlgo    string  `json:"kvHashAlgo,omitempty"`
 	KVHashSeed    *string `json:"kvHashSeed,omitempty"`
 	KVBlockSize   int     `json:"kvBlockSize,omitempty"`
@@ -71,8 +80,10 @@ type Endpoint struct {
 	// Weight is used by sel 2 and 10; default 1; range 1..1000. Weight 0 is
 	// refused: drain an endpoint with the drain API instead.
 	Weight *int `json:"weight,omitempty"`
-	// EPRole: 0 normal, 1 prefill (TRT-LLM: context), 2 decode (generation).
-	EPRole int `json:"ep_role,omitempty"`
+	// EPRole: 0 normal, 1 prefill (TRT-LLM: context), 2 decode (generation);
+	// names normal, prefill, decode. EPRoleName is its read-back name.
+	EPRole     EPRole `json:"ep_role,omitempty"`
+	EPRoleName string `json:"ep_role_name,omitempty"`
 	// KVEventsEndpoint overrides the rule-level tcp://<endpointIP>:<kvZmqPort>.
 	KVEventsEndpoint string `json:"kvEventsEndpoint,omitempty"`
 	// KVReplayEndpoint overrides the rule-level replay address (kvZmqPort+1000).

@@ -66,7 +66,7 @@ func endpoint(t *testing.T, id string, s *sim.Sim, role int, events bool) rule.E
 		t.Fatal(err)
 	}
 	p, _ := strconv.Atoi(port)
-	ep := rule.Endpoint{ID: id, EndpointIP: host, TargetPort: p, EPRole: role}
+	ep := rule.Endpoint{ID: id, EndpointIP: host, TargetPort: p, EPRole: rule.EPRole(role)}
 	if events {
 		ep.KVEventsEndpoint, ep.KVReplayEndpoint = s.Addrs().Events, s.Addrs().Replay
 	}

@@ -227,7 +227,7 @@ func baseRule(a engines.Adapter, model string, o *Options, p *Plan, sel int, exc
 	r := &rule.Rule{
 		ModelName:    model,
 		Mode:         rule.ModeFullProxy,
-		Sel:          sel,
+		Sel:          rule.Sel(sel),
 		KVEngineType: string(a.Kind()),
 		Probe:        rule.ProbeConfig{Path: a.Surfaces().Health},
 	}
@@ -258,7 +258,7 @@ func baseRule(a engines.Adapter, model string, o *Options, p *Plan, sel int, exc
 // block size the pool runs and each endpoint's event sockets where they are
 // not the rule-level default.
 func kvExact(r *rule.Rule, o *Options, p *Plan, mode int) *rule.Rule {
-	r.KVExactMode = mode
+	r.KVExactMode = rule.KVExactMode(mode)
 	if o.HashSeed != "0" {
 		// The operator named the engines' PYTHONHASHSEED and the published
 		// hashes were checked against it.
