@@ -88,11 +88,6 @@ func (p *promWriter) gauge(name, help string, v float64) {
 	p.sample(name, "", v)
 }
 
-func (p *promWriter) counter(name, help string, v float64) {
-	p.family(name, "counter", help)
-	p.sample(name+"_total", "", v)
-}
-
 // pyCounter writes a counter the way Python's prometheus_client exposes it
 // in text format 0.0.4: the HELP and TYPE lines carry the sample name with
 // its _total suffix (prometheus/client_python exposition.generate_latest;
