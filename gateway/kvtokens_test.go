@@ -2,8 +2,6 @@ package gateway
 
 import (
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,32 +9,12 @@ import (
 	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
-// sharedFixture finds a file under ../shared/fixtures (CI puts shared/
-// beside the project root).
-func sharedFixture(t *testing.T, rel string) string {
-	t.Helper()
-	dir, _ := os.Getwd()
-	for i := 0; i < 6; i++ {
-		p := filepath.Join(dir, "shared", "fixtures", rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		p = filepath.Join(dir, "..", "shared", "fixtures", rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		dir = filepath.Dir(dir)
-	}
-	t.Fatalf("fixture %s not found above %s", rel, dir)
-	return ""
-}
-
 // TestTokenCacheEqualsWholeEncoding: segment-by-segment encoding through the
 // cache gives exactly the ids of encoding the whole prompt, for the builtin
 // tokenizer and the real Qwen3 tokenizer, on chat prompts that repeat and
 // grow (so the cache is hit).
 func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
-	hf, err := tokenizer.LoadHF(sharedFixture(t, "tokenizers/Qwen__Qwen3/tokenizer.json"))
+	hf, err := tokenizer.Qwen3()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -123,34 +123,43 @@ func LoadHF(path string) (*HF, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: load %s: %w", path, err)
 	}
-	t, err := parseHF(data)
+	dir := filepath.Dir(path)
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	cfg, err := os.ReadFile(cfgPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("tokenizer: load %s: %w", cfgPath, err)
+	}
+	// Newer model repositories keep the template in its own file; it is
+	// used when the config has none.
+	tplPath := filepath.Join(dir, "chat_template.jinja")
+	tpl, err := os.ReadFile(tplPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("tokenizer: load %s: %w", tplPath, err)
+	}
+	t, err := LoadHFBytes(strings.ReplaceAll(filepath.Base(dir), "__", "/"), data, cfg, string(tpl))
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: load %s: %w", path, err)
 	}
-	dir := filepath.Dir(path)
-	t.name = strings.ReplaceAll(filepath.Base(dir), "__", "/")
-	cfgPath := filepath.Join(dir, "tokenizer_config.json")
-	cfg, err := os.ReadFile(cfgPath)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		// No config: no BOS, no chat template.
-	case err != nil:
-		return nil, fmt.Errorf("tokenizer: load %s: %w", cfgPath, err)
-	default:
-		if err := t.applyConfig(cfg); err != nil {
-			return nil, fmt.Errorf("tokenizer: load %s: %w", cfgPath, err)
+	return t, nil
+}
+
+// LoadHFBytes is LoadHF on contents already in memory: tokenizer.json,
+// tokenizer_config.json (nil: none, so no BOS and no chat template from it)
+// and a chat_template.jinja used when the config has no template ("" for
+// none).
+func LoadHFBytes(name string, tokenizerJSON, configJSON []byte, chatTemplate string) (*HF, error) {
+	t, err := parseHF(tokenizerJSON)
+	if err != nil {
+		return nil, err
+	}
+	t.name = name
+	if configJSON != nil {
+		if err := t.applyConfig(configJSON); err != nil {
+			return nil, err
 		}
 	}
 	if t.chatTemplate == "" {
-		// Newer model repositories keep the template in its own file.
-		tplPath := filepath.Join(dir, "chat_template.jinja")
-		tpl, err := os.ReadFile(tplPath)
-		switch {
-		case err == nil:
-			t.chatTemplate = string(tpl)
-		case !errors.Is(err, os.ErrNotExist):
-			return nil, fmt.Errorf("tokenizer: load %s: %w", tplPath, err)
-		}
+		t.chatTemplate = chatTemplate
 	}
 	return t, nil
 }
