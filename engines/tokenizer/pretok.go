@@ -22,6 +22,12 @@ type splitter interface {
 // qwenScanner implements exactly this pattern by hand.
 const qwenPattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 
+// llama3Pattern is the Split pre-tokenizer regex of the Llama-3.x
+// tokenizers (Qwen's with digit runs of up to three); llama.cpp's
+// llama-vocab.cpp quotes it as the "original regex from tokenizer.json" of
+// its LLAMA3 pre-tokenizer type.
+const llama3Pattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
 // gpt2Pattern is the regex the ByteLevel pre-tokenizer applies when its
 // use_regex flag is set (GPT-2 and RoBERTa style tokenizers).
 const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
@@ -72,15 +78,19 @@ func runeAt(s string, i int) (r rune, w int, cls uint8) {
 	return r, w, classOf(r)
 }
 
-// qwenScanner is a hand-written matcher for qwenPattern. It reproduces the
-// regex's leftmost-first alternation, including the backtracking of
-// `\s*[\r\n]+` and `\s+(?!\S)`; the fuzz target FuzzQwenScannerMatchesRegex
-// checks it against regexp2 running the pattern itself.
-type qwenScanner struct{}
+// qwenScanner is a hand-written matcher for qwenPattern (digits 1) and
+// llama3Pattern (digits 3), which differ only in `\p{N}` versus
+// `\p{N}{1,3}`. It reproduces the regex's leftmost-first alternation,
+// including the backtracking of `\s*[\r\n]+` and `\s+(?!\S)`; the fuzz
+// target FuzzQwenScannerMatchesRegex checks it against regexp2 running the
+// patterns themselves.
+type qwenScanner struct {
+	digits int // most number runes in one piece
+}
 
-func (qwenScanner) split(s string, fn func(piece string)) {
+func (q qwenScanner) split(s string, fn func(piece string)) {
 	for i := 0; i < len(s); {
-		j := qwenPieceEnd(s, i)
+		j := qwenPieceEnd(s, i, q.digits)
 		fn(s[i:j])
 		i = j
 	}
@@ -89,7 +99,7 @@ func (qwenScanner) split(s string, fn func(piece string)) {
 // qwenPieceEnd returns the end of the pattern's match starting at i < len(s).
 // The pattern matches every character, so a match always starts at i and is
 // never empty.
-func qwenPieceEnd(s string, i int) int {
+func qwenPieceEnd(s string, i, digits int) int {
 	r, w, cls := runeAt(s, i)
 	// (?i:'s|'t|'re|'ve|'m|'ll|'d)
 	if r == '\'' && i+1 < len(s) {
@@ -108,9 +118,17 @@ func qwenPieceEnd(s string, i int) int {
 			}
 		}
 	}
-	// \p{N}
+	// \p{N} or \p{N}{1,3}
 	if cls == clsNumber {
-		return i + w
+		j := i + w
+		for k := 1; k < digits && j < len(s); k++ {
+			_, w2, c2 := runeAt(s, j)
+			if c2 != clsNumber {
+				break
+			}
+			j += w2
+		}
+		return j
 	}
 	// ` ?[^\s\p{L}\p{N}]+[\r\n]*`
 	start := -1

@@ -26,7 +26,7 @@ func qwen3Regexp2(tb testing.TB) *HF {
 	if err != nil {
 		tb.Fatalf("newRegexSplitter: %v", err)
 	}
-	c := &HF{name: base.name, model: base.model, nfc: base.nfc, split: rs, added: base.added, idToBytes: base.idToBytes, idKnown: base.idKnown}
+	c := &HF{name: base.name, model: base.model, norm: base.norm, split: rs, added: base.added, idToBytes: base.idToBytes, idKnown: base.idKnown}
 	return c
 }
 
@@ -42,7 +42,7 @@ func TestScannerMatchesRegexp2(t *testing.T) {
 				t.Errorf("regexp2 Encode(%q)\n got %v\nwant %v", tc.Text, got, tc.IDs)
 			}
 			var a, b []string
-			qwenScanner{}.split(tc.Text, func(p string) { a = append(a, p) })
+			qwenScanner{digits: 1}.split(tc.Text, func(p string) { a = append(a, p) })
 			viaRegex.split.split(tc.Text, func(p string) { b = append(b, p) })
 			if !slices.Equal(a, b) {
 				t.Errorf("pieces differ\nscanner %q\nregexp2 %q", a, b)
@@ -133,7 +133,7 @@ func FuzzQwenScannerMatchesRegex(f *testing.F) {
 			return
 		}
 		var a, b []string
-		qwenScanner{}.split(s, func(p string) { a = append(a, p) })
+		qwenScanner{digits: 1}.split(s, func(p string) { a = append(a, p) })
 		rs.split(s, func(p string) { b = append(b, p) })
 		if !slices.Equal(a, b) {
 			t.Fatalf("split(%q)\nscanner %q\nregexp2 %q", s, a, b)
@@ -184,7 +184,7 @@ func TestScannerMatchesRegexp2Random(t *testing.T) {
 		}
 		s := string(r)
 		var a, b []string
-		qwenScanner{}.split(s, func(p string) { a = append(a, p) })
+		qwenScanner{digits: 1}.split(s, func(p string) { a = append(a, p) })
 		rs.split(s, func(p string) { b = append(b, p) })
 		if !slices.Equal(a, b) {
 			t.Fatalf("split(%q)\nscanner %q\nregexp2 %q", s, a, b)
@@ -216,8 +216,12 @@ func TestBPEHeapMatchesScan(t *testing.T) {
 					b[i] = tc.alpha[rng.IntN(len(tc.alpha))]
 				}
 				piece := string(b)
-				scan := m.encodeScan(nil, piece)
-				heap := m.encodeHeap(nil, piece)
+				ids := make([]uint32, len(piece))
+				for i := range ids {
+					ids[i] = m.byteID[piece[i]]
+				}
+				scan := m.mergeScan(slices.Clone(ids))
+				heap := m.mergeHeap(nil, ids)
 				if !slices.Equal(scan, heap) {
 					t.Fatalf("piece %q\nscan %v\nheap %v", piece, scan, heap)
 				}
@@ -296,7 +300,7 @@ func TestScannerEdgeCases(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var got, viaRegex []string
-			qwenScanner{}.split(tc.text, func(p string) { got = append(got, p) })
+			qwenScanner{digits: 1}.split(tc.text, func(p string) { got = append(got, p) })
 			rs.split(tc.text, func(p string) { viaRegex = append(viaRegex, p) })
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("scanner split(%q) = %q, want %q", tc.text, got, tc.want)
