@@ -209,6 +209,7 @@ func ggufTokenizer(meta ggufMeta) (*HF, error) {
 			t.spacePrefix = v
 		}
 		t.stripLead = t.spacePrefix
+		t.spmWords = spmWordsSafe(t.pieceID)
 	default:
 		return nil, fmt.Errorf("%w: GGUF tokenizer model %q (gpt2 and llama are supported)", ErrUnsupported, model)
 	}

@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-
 )
 
 // ErrUnsupported classifies a tokenizer.json (or tokenizer_config.json)
@@ -56,7 +55,8 @@ type HF struct {
 	// always the first or follows an added token (llama.cpp's
 	// add_space_prefix with is_prev_special).
 	spacePrefix bool
-	stripLead   bool     // Decode drops one leading space (SentencePiece decoders)
+	spmWords    bool // kindSPM: words merge independently (spmWordsSafe)
+	stripLead   bool // Decode drops one leading space (SentencePiece decoders)
 	added       addedMatcher
 	idToBytes   []string // decoded bytes (or added-token text) of each id; "" if unused
 	idKnown     []bool

@@ -1,6 +1,10 @@
 package tokenizer
 
-import "unicode/utf8"
+import (
+	"strings"
+	"sync"
+	"unicode/utf8"
+)
 
 // charBPE encodes one piece of a SentencePiece-style tokenizer.json model:
 // each character is its vocabulary entry, or its UTF-8 bytes as <0xXX>
@@ -46,16 +50,46 @@ func (t *HF) charBPE(dst []uint32, piece string) []uint32 {
 // Symbols are byte ranges of text, so a candidate is text[start:end] and
 // looking it up allocates nothing.
 func (t *HF) spmEncode(dst []uint32, text string) []uint32 {
-	n := 0
-	for i := 0; i < len(text); {
-		_, w := utf8.DecodeRuneInString(text[i:])
-		i += w
-		n++
+	if !t.spmWords {
+		return t.spmWord(dst, text)
 	}
-	start := make([]int32, n) // byte offset of each symbol
-	end := make([]int32, n)   // end offset; 0 length once merged away
-	next := make([]int32, n)
-	prev := make([]int32, n)
+	// No piece has U+2581 after another character, so no merge crosses a
+	// point where a non-U+2581 character is followed by U+2581: the words
+	// between such points merge independently, in the same order.
+	const sp = "\u2581"
+	for text != "" {
+		cut := len(text)
+		for i := 0; i < len(text); {
+			j := strings.Index(text[i:], sp)
+			if j < 0 {
+				break
+			}
+			j += i
+			if j > 0 && !strings.HasSuffix(text[:j], sp) {
+				cut = j
+				break
+			}
+			i = j + len(sp)
+		}
+		dst = t.spmWord(dst, text[:cut])
+		text = text[cut:]
+	}
+	return dst
+}
+
+// spmWord runs the SentencePiece merge on one word.
+func (t *HF) spmWord(dst []uint32, text string) []uint32 {
+	n := utf8.RuneCountInString(text)
+	if n == 0 {
+		return dst
+	}
+	sc := spmPool.Get().(*spmScratch)
+	defer spmPool.Put(sc)
+	if cap(sc.buf) < 4*n {
+		sc.buf = make([]int32, 4*n)
+	}
+	buf := sc.buf[:4*n]
+	start, end, next, prev := buf[0:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:]
 	k := 0
 	for i := 0; i < len(text); k++ {
 		_, w := utf8.DecodeRuneInString(text[i:])
@@ -63,7 +97,7 @@ func (t *HF) spmEncode(dst []uint32, text string) []uint32 {
 		i += w
 	}
 	next[n-1] = -1
-	var h spmHeap
+	h := sc.heap[:0]
 	add := func(l, r int32) {
 		if l < 0 || r < 0 {
 			return
@@ -93,6 +127,7 @@ func (t *HF) spmEncode(dst []uint32, text string) []uint32 {
 		add(prev[l], l)
 		add(l, next[l])
 	}
+	sc.heap = h
 	for i := int32(0); i >= 0; i = next[i] {
 		sym := text[start[i]:end[i]]
 		if id, ok := t.pieceID[sym]; ok {
@@ -109,6 +144,29 @@ func (t *HF) spmEncode(dst []uint32, text string) []uint32 {
 	}
 	return dst
 }
+
+// spmWordsSafe reports whether no piece has U+2581 after another
+// character: then spmEncode may merge word by word.
+func spmWordsSafe(pieces map[string]uint32) bool {
+	for p := range pieces {
+		if i := strings.Index(p, "\u2581"); i >= 0 {
+			rest := strings.TrimLeft(p, "\u2581")
+			if strings.Contains(rest, "\u2581") {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// spmScratch is the per-call working memory of spmWord, pooled: a prompt
+// has one word per space, and allocating for each would be most of the cost.
+type spmScratch struct {
+	buf  []int32
+	heap spmHeap
+}
+
+var spmPool = sync.Pool{New: func() any { return new(spmScratch) }}
 
 // spmBigram is a merge candidate: higher score first, then leftmost.
 type spmBigram struct {
