@@ -96,7 +96,7 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 		return nil, err
 	}
 	pool := kv.pool
-	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, func() string {
+	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, eff.ModelName, func() string {
 		for _, ep := range pool {
 			if ep.Available() {
 				return scheme + "://" + ep.Addr
@@ -211,12 +211,14 @@ type kvChoice struct {
 
 // route tokenizes and hashes the request and applies the selection law over
 // the pool, skipping exclude. On a miss, choice.ep is nil and reason names
-// the miss.
-func (kv *kvRuntime) route(sc *kvScratch, v *fastjson.Value, kind openai.Kind, exclude *upstream.Endpoint) kvChoice {
+// the miss (a failed tokenization: "tokenize", or for kvTokenizer "engine"
+// "tokenize_timeout", "tokenize_engine", "tokenize_no_worker"). ctx is the
+// request's context; it bounds the engine's /tokenize.
+func (kv *kvRuntime) route(ctx context.Context, sc *kvScratch, v *fastjson.Value, kind openai.Kind, exclude *upstream.Endpoint) kvChoice {
 	var err error
-	sc.ids, err = kv.tok.tokens(sc.ids[:0], v, kind)
+	sc.ids, err = kv.tok.tokens(ctx, sc.ids[:0], v, kind)
 	if err != nil {
-		return kvChoice{reason: "tokenize"}
+		return kvChoice{reason: missReason(err)}
 	}
 	sc.keys = kv.hasher.BlockKeys(sc.keys[:0], sc.ids)
 	c := kvChoice{total: len(sc.keys), prompt: len(sc.ids)}
@@ -541,8 +543,8 @@ func (kv *kvRuntime) canaryLoop(ctx context.Context, s *Server, r *rule.Rule) {
 	}
 }
 
-// canaryOnce sends the canary to pool position i and reports whether the
-// gateway's first block key shows up in its inventory within 3 s.
+// canaryOnce sends the canary to pool position i and reports whether every
+// block key the gateway computes for it shows up in its inventory within 3 s.
 func (kv *kvRuntime) canaryOnce(ctx context.Context, client *http.Client, i int, r *rule.Rule) (bool, error) {
 	ep := kv.pool[i]
 	prompt := strings.Repeat("llmgw canary: prove that gateway and engine hash the same blocks. ", 8)
@@ -553,7 +555,7 @@ func (kv *kvRuntime) canaryOnce(ctx context.Context, client *http.Client, i int,
 		return false, err
 	}
 	var sc kvScratch
-	if sc.ids, err = kv.tok.tokens(nil, v, openai.Completion); err != nil {
+	if sc.ids, err = kv.tok.tokens(ctx, nil, v, openai.Completion); err != nil {
 		return false, err
 	}
 	sc.keys = kv.hasher.BlockKeys(nil, sc.ids)
@@ -575,9 +577,15 @@ func (kv *kvRuntime) canaryOnce(ctx context.Context, client *http.Client, i int,
 	if resp.StatusCode != http.StatusOK {
 		return false, fmt.Errorf("canary answered %d", resp.StatusCode)
 	}
+	// Every block must show up: block 0 alone would pass a gateway whose
+	// parent-hash chaining is wrong.
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
-		if kv.index.Contains(i, sc.keys[0]) {
+		all := true
+		for _, k := range sc.keys {
+			all = all && kv.index.Contains(i, k)
+		}
+		if all {
 			return true, nil
 		}
 		select {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/tokenizer"
 	"github.com/llmgw/llmgw/internal/testfix"
 )
 
@@ -55,5 +56,19 @@ func TestQwen3Tokenizer(t *testing.T) {
 	}
 	if err := json.Unmarshal(res.body, &chat); err != nil || chat.Usage.PromptTokens != 9 {
 		t.Errorf("chat prompt tokens: got %d (%s), want 9", chat.Usage.PromptTokens, res.body)
+	}
+}
+
+// TestOutputWordsAreSingleTokens: each generated word is one token of the
+// default (embedded Qwen3) tokenizer, so completion_tokens is the word count.
+func TestOutputWordsAreSingleTokens(t *testing.T) {
+	tok, err := tokenizer.Qwen3()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range outputWords {
+		if ids := tok.Encode(nil, w); len(ids) != 1 {
+			t.Errorf("%q encodes to %d tokens %v, want 1", w, len(ids), ids)
+		}
 	}
 }

@@ -35,8 +35,10 @@ type Rule struct {
 	KVZmqPort     int     `json:"kvZmqPort,omitempty"`
 	KVDpRankCount int     `json:"kvDpRankCount,omitempty"`
 	KVWarmupSec   int     `json:"kvWarmupSec,omitempty"`
-	// KVTokenizer: "" or "builtin" (the simulator's tokenizer), "engine" (ask a
-	// worker's /tokenize), or a path to a tokenizer.json.
+	// KVTokenizer is the model's tokenizer for KV-exact routing (required
+	// when kvExactMode is not 0): a tokenizer.json or .gguf path, a models
+	// directory holding the model's snapshot (tokenizer.Resolve), or
+	// "engine" (ask a worker's /tokenize).
 	KVTokenizer string `json:"kvTokenizer,omitempty"`
 
 	PDDisaggMode    bool `json:"pd_disagg_mode,omitempty"`
