@@ -136,8 +136,8 @@ func templateVars(v *fastjson.Value) map[string]any {
 	if t := v.Get("tools"); t != nil && t.Type() != fastjson.TypeNull {
 		vars = map[string]any{"tools": tokenizer.JSONValue(t.MarshalTo(nil))}
 	}
-	if kw, err := v.Get("chat_template_kwargs").Object(); err == nil {
-		kw.Visit(func(k []byte, val *fastjson.Value) {
+	if kwv := v.Get("chat_template_kwargs"); kwv != nil && kwv.Type() == fastjson.TypeObject {
+		kwv.GetObject().Visit(func(k []byte, val *fastjson.Value) {
 			if vars == nil {
 				vars = map[string]any{}
 			}

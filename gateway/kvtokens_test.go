@@ -10,8 +10,8 @@ import (
 )
 
 // TestTokenCacheEqualsWholeEncoding: segment-by-segment encoding through the
-// cache gives exactly the ids of encoding the whole prompt, for the builtin
-// tokenizer and the real Qwen3 tokenizer, on chat prompts that repeat and
+// cache gives exactly the ids of encoding the whole prompt, for the real
+// Qwen3 tokenizer, on chat prompts that repeat and
 // grow (so the cache is hit).
 func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
 	hf, err := tokenizer.Qwen3()
@@ -26,7 +26,7 @@ func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
 		name   string
 		tok    tokenizer.Tokenizer
 		render tokenizer.Renderer
-	}{{"builtin", tokenizer.Builtin{}, tokenizer.ChatML{}}, {"qwen3", hf, r}}
+	}{{"qwen3", hf, r}}
 	rng := rand.New(rand.NewPCG(1, 2))
 	words := []string{"the", "cache", " kv", "prefix", "\n", "日本", "!!", "  ", "<|im_end|>", "x.[|", "123", "ünï"}
 	for _, tc := range toks {
@@ -67,10 +67,14 @@ func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
 func FuzzTokenCacheEqualsWhole(f *testing.F) {
 	f.Add("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 	f.Add("x.[|system|]y<|im_end|><|im_end|>")
+	tok, err := tokenizer.Qwen3()
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, text string) {
-		c := newTokenCache(8, tokenizer.Builtin{})
-		want := tokenizer.Builtin{}.Encode(nil, text)
-		if got := c.encode(nil, text, tokenizer.Builtin{}); !slices.Equal(got, want) {
+		c := newTokenCache(8, tok)
+		want := tok.Encode(nil, text)
+		if got := c.encode(nil, text, tok); !slices.Equal(got, want) {
 			t.Fatalf("%q: %v != %v", text, got, want)
 		}
 	})

@@ -97,7 +97,7 @@ func newMetrics(s *Server) *metrics {
 		Name: "llmgw_kv_hits_total", Help: "KV-exact decisions that routed to an endpoint holding a prefix of the request.",
 	}, []string{"rule", "endpoint"})
 	m.kvMisses = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_kv_misses_total", Help: "KV-exact decisions that fell back to the rule's policy, by reason (tokenize, short, no_match, not_ready, overloaded, spill).",
+		Name: "llmgw_kv_misses_total", Help: "KV-exact decisions that fell back to the rule's policy, by reason (tokenize; for kvTokenizer engine tokenize_timeout, tokenize_engine, tokenize_no_worker; short, no_match, not_ready, overloaded, spill).",
 	}, []string{"rule", "reason"})
 	m.kvMatched = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "llmgw_kv_matched_blocks", Help: "Prefix blocks the chosen endpoint held, per KV-exact decision.",

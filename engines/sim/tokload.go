@@ -2,7 +2,9 @@ package sim
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+
 	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
@@ -21,9 +23,11 @@ func loadTokenizer(source, model string) (tok tokenizer.Tokenizer, render tokeni
 		return nil, nil, 0, false, err
 	}
 	r, err := hf.ChatRenderer()
-	if err != nil {
+	if err != nil && !errors.Is(err, tokenizer.ErrNoChatTemplate) {
 		return nil, nil, 0, false, err
 	}
+	// A vocabulary without a chat template (a base model's GGUF) serves
+	// completions; chat requests are refused (renderChat).
 	bos, addBOS = hf.BOS()
 	return hf, r, bos, addBOS, nil
 }
@@ -32,6 +36,9 @@ func loadTokenizer(source, model string) (tok tokenizer.Tokenizer, render tokeni
 // request's tools (key order kept) and chat_template_kwargs are template
 // variables.
 func (s *Sim) renderChat(msgs []tokenizer.Message, addGenerationPrompt bool, tools, kwargs json.RawMessage) (string, error) {
+	if s.render == nil {
+		return "", fmt.Errorf("%w: the model's tokenizer has no chat template", tokenizer.ErrNoChatTemplate)
+	}
 	jr, ok := s.render.(*tokenizer.JinjaRenderer)
 	if !ok {
 		return s.render.Render(msgs, addGenerationPrompt)

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"compress/gzip"
 	_ "embed"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sync"
 )
 
@@ -48,4 +51,49 @@ func Qwen3() (*HF, error) {
 		qwen3Tok, qwen3Err = LoadHFBytes(Qwen3Name, data, qwen3Config, "")
 	})
 	return qwen3Tok, qwen3Err
+}
+
+// ExportQwen3 writes the embedded Qwen3 tokenizer (tokenizer.json and
+// tokenizer_config.json) under dir as the snapshot directory Qwen__Qwen3
+// and returns the tokenizer.json path: what a gateway rule's kvTokenizer
+// names when its workers are simulators with their default tokenizer. The
+// files are written to a temporary name and renamed, so concurrent exports
+// to the same dir are safe; an existing identical export is kept.
+func ExportQwen3(dir string) (string, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(qwen3TokenizerGz))
+	if err != nil {
+		return "", fmt.Errorf("tokenizer: embedded Qwen3: %w", err)
+	}
+	data, err := io.ReadAll(zr)
+	if err != nil {
+		return "", fmt.Errorf("tokenizer: embedded Qwen3: %w", err)
+	}
+	snap := filepath.Join(dir, "Qwen__Qwen3")
+	if err := os.MkdirAll(snap, 0o755); err != nil {
+		return "", fmt.Errorf("tokenizer: export Qwen3: %w", err)
+	}
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{"tokenizer_config.json", qwen3Config}, {"tokenizer.json", data}} {
+		p := filepath.Join(snap, f.name)
+		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, f.data) {
+			continue
+		}
+		tmp, err := os.CreateTemp(snap, f.name+".*")
+		if err != nil {
+			return "", fmt.Errorf("tokenizer: export Qwen3: %w", err)
+		}
+		_, werr := tmp.Write(f.data)
+		cerr := tmp.Close()
+		if err := errors.Join(werr, cerr); err != nil {
+			os.Remove(tmp.Name())
+			return "", fmt.Errorf("tokenizer: export Qwen3: %w", err)
+		}
+		if err := os.Rename(tmp.Name(), p); err != nil {
+			os.Remove(tmp.Name())
+			return "", fmt.Errorf("tokenizer: export Qwen3: %w", err)
+		}
+	}
+	return filepath.Join(snap, "tokenizer.json"), nil
 }

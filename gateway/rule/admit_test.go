@@ -51,6 +51,18 @@ func TestAdmitRules(t *testing.T) {
 	if err := os.WriteFile(tokFile, []byte(`{}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A models directory with the snapshot of "org/m" in each layout
+	// Resolve knows; admission only resolves, it does not load.
+	models := t.TempDir()
+	for _, dir := range []string{"slug/org__m", "nested/org/m", "hub/models--org--m/snapshots/abc123"} {
+		if err := os.MkdirAll(filepath.Join(models, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(models, dir, "tokenizer.json"), []byte(`{}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kvExact := func(r *Rule) { r.Sel = 8; r.KVEngineType = "vllm"; r.KVExactMode = 3; r.ModelName = "org/m" }
 	tests := []struct {
 		name     string
 		base     func() *Rule
@@ -163,6 +175,13 @@ func TestAdmitRules(t *testing.T) {
 		{name: "tokenizer directory", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = t.TempDir() }, wantCode: CodeKVTokenizer},
 		{name: "tokenizer file", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = tokFile }},
 		{name: "tokenizer engine", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = "engine" }},
+		{name: "kv-exact without tokenizer", base: plainRule, mutate: kvExact, wantCode: CodeKVTokenizer},
+		{name: "kv-exact builtin tokenizer", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = "builtin" }, wantCode: CodeKVTokenizer},
+		{name: "kv-exact tokenizer file", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = tokFile }},
+		{name: "kv-exact models dir slug", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = filepath.Join(models, "slug") }},
+		{name: "kv-exact models dir nested", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = filepath.Join(models, "nested") }},
+		{name: "kv-exact models dir hf cache", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = filepath.Join(models, "hub") }},
+		{name: "kv-exact models dir without the model", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.ModelName = "org/other"; r.KVTokenizer = filepath.Join(models, "slug") }, wantCode: CodeKVTokenizer},
 		{name: "session header with space", base: plainRule, mutate: func(r *Rule) { r.SessionHeaderName = "X Session" }, wantCode: CodeSessionHeader},
 		{name: "session cookie empty", base: plainRule, mutate: func(r *Rule) { r.SessionHeaderName = "cookie:" }, wantCode: CodeSessionHeader},
 		{name: "session unknown source", base: plainRule, mutate: func(r *Rule) { r.SessionHeaderName = "path:x" }, wantCode: CodeSessionHeader},
