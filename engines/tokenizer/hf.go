@@ -918,3 +918,9 @@ func (m *addedMatcher) each(text string, fn func(seg string, id uint32, isAdded 
 }
 
 var _ Tokenizer = (*HF)(nil)
+
+// isSpace is the whitespace an lstrip/rstrip added token absorbs. The
+// Hugging Face library strips Unicode whitespace; only ASCII whitespace is
+// handled here (no catalog model's lstrip/rstrip token sits next to other
+// whitespace in its chat template).
+func isSpace(b byte) bool { return b == ' ' || b == '\n' || b == '\t' || b == '\r' }

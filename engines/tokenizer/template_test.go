@@ -80,3 +80,19 @@ func TestChatTemplatesMatchJinja2(t *testing.T) {
 		})
 	}
 }
+
+// FuzzJSONToValue: a template variable decoded from arbitrary bytes is a
+// value or an error, never a panic (key order is checked by
+// TestChatTemplatesMatchJinja2's tool cases).
+func FuzzJSONToValue(f *testing.F) {
+	f.Add([]byte(`[{"type":"function","function":{"name":"f","parameters":{"b":1,"a":[true,null,1.5]}}}]`))
+	f.Add([]byte(`{"z":{"y":{"x":"\u00e9"}}}`))
+	f.Add([]byte(`[1,2`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := jsonToValue(b)
+		if err != nil {
+			return
+		}
+		_ = v.String()
+	})
+}
