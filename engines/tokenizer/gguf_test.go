@@ -143,3 +143,24 @@ func BenchmarkEncodeGGUF(b *testing.B) {
 		})
 	}
 }
+
+// TestQwenVocabVectors: llama.cpp's Qwen2 and DeepSeek-R1-Distill-Qwen test
+// texts (their .gguf files are not in the snapshot, only the Hugging Face
+// ids) encode exactly with the Qwen3 tokenizer.json, which has the same
+// vocabulary and merges.
+func TestQwenVocabVectors(t *testing.T) {
+	tok := qwen3(t)
+	for _, base := range []string{"ggml-vocab-qwen2.gguf", "ggml-vocab-deepseek-r1-qwen.gguf"} {
+		t.Run(base, func(t *testing.T) {
+			cases := readVocabCases(t, base)
+			bad := 0
+			for i, c := range cases {
+				if got := tok.Encode(nil, c.text); !slices.Equal(got, c.ids) {
+					bad++
+					t.Errorf("case %d %q:\n got %v\nwant %v", i, c.text, got, c.ids)
+				}
+			}
+			t.Logf("%s from tokenizer.json: %d/%d exact", base, len(cases)-bad, len(cases))
+		})
+	}
+}
