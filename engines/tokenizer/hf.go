@@ -55,7 +55,7 @@ type HF struct {
 	// always the first or follows an added token (llama.cpp's
 	// add_space_prefix with is_prev_special).
 	spacePrefix bool
-	spmWords    bool // kindSPM: words merge independently (spmWordsSafe)
+	spmWords    bool // kindSPM, kindCharBPE: words merge independently (spmWordsSafe)
 	stripLead   bool // Decode drops one leading space (SentencePiece decoders)
 	added       addedMatcher
 	idToBytes   []string // decoded bytes (or added-token text) of each id; "" if unused
@@ -513,6 +513,7 @@ func (t *HF) setCharVocab(entries []vocabEntry, pairs [][2]string, byteFallback 
 			return err
 		}
 	}
+	t.spmWords = spmWordsSafe(t.pieceID)
 	return t.setMerges(pairs, func(tok string) (uint32, bool) {
 		id, ok := t.pieceID[tok]
 		return id, ok

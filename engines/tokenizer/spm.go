@@ -14,6 +14,15 @@ func (t *HF) charBPE(dst []uint32, piece string) []uint32 {
 	if piece == "" {
 		return dst
 	}
+	if t.spmWords && len(piece) > heapThreshold {
+		splitWords(piece, func(w string) { dst = t.charWord(dst, w) })
+		return dst
+	}
+	return t.charWord(dst, piece)
+}
+
+// charWord is charBPE on one piece, with no word split.
+func (t *HF) charWord(dst []uint32, piece string) []uint32 {
 	if t.ignoreMerges {
 		if id, ok := t.pieceID[piece]; ok {
 			return append(dst, id)
@@ -53,9 +62,16 @@ func (t *HF) spmEncode(dst []uint32, text string) []uint32 {
 	if !t.spmWords {
 		return t.spmWord(dst, text)
 	}
-	// No piece has U+2581 after another character, so no merge crosses a
-	// point where a non-U+2581 character is followed by U+2581: the words
-	// between such points merge independently, in the same order.
+	splitWords(text, func(w string) { dst = t.spmWord(dst, w) })
+	return dst
+}
+
+// splitWords cuts text before each U+2581 that follows another character.
+// When no vocabulary piece has U+2581 after another character
+// (spmWordsSafe), no merge can produce a symbol across such a cut, since
+// every merged symbol is a piece: the words merge independently, in the
+// same order, to the same tokens.
+func splitWords(text string, fn func(word string)) {
 	const sp = "\u2581"
 	for text != "" {
 		cut := len(text)
@@ -71,10 +87,9 @@ func (t *HF) spmEncode(dst []uint32, text string) []uint32 {
 			}
 			i = j + len(sp)
 		}
-		dst = t.spmWord(dst, text[:cut])
+		fn(text[:cut])
 		text = text[cut:]
 	}
-	return dst
 }
 
 // spmWord runs the SentencePiece merge on one word.

@@ -19,7 +19,7 @@ import (
 // this exercises the tokenizer.json SentencePiece path (byte fallback,
 // Prepend/Replace normalizers, merges by rank, added tokens) against the
 // Hugging Face ids of the same vocabulary's test file.
-func llamaTokenizerJSON(t *testing.T) []byte {
+func llamaTokenizerJSON(t testing.TB) []byte {
 	t.Helper()
 	meta, err := openGGUFMeta(testfix.Path(t, "tokenizers/gguf-vocab/ggml-vocab-llama-spm.gguf"))
 	if err != nil {
@@ -135,4 +135,21 @@ func TestSentencePieceTokenizerJSON(t *testing.T) {
 		}
 	}
 	t.Logf("tokenizer.json llama-spm: %d/%d exact", len(cases)-bad, len(cases))
+}
+
+// BenchmarkEncodeSentencePieceJSON encodes the benchmark prose with the
+// tokenizer.json form of the Llama-2 vocabulary (merges by rank over
+// characters, no pre-tokenizer: one piece per segment).
+func BenchmarkEncodeSentencePieceJSON(b *testing.B) {
+	tok, err := LoadHFBytes("llama-spm", llamaTokenizerJSON(b), nil, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := len(tok.Encode(nil, benchProse))
+	dst := make([]uint32, 0, n)
+	b.SetBytes(int64(len(benchProse)))
+	for b.Loop() {
+		dst = tok.Encode(dst[:0], benchProse)
+	}
+	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
 }

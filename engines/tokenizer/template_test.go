@@ -96,3 +96,31 @@ func FuzzJSONToValue(f *testing.F) {
 		_ = v.String()
 	})
 }
+
+// BenchmarkRenderTemplates renders a 4-message chat (system, user,
+// assistant, user; Gemma without the system turn it refuses) with each
+// catalog family's published template.
+func BenchmarkRenderTemplates(b *testing.B) {
+	for _, name := range []string{"Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct", "google-gemma-2-2b-it", "LGAI-EXAONE-EXAONE-3.5-7.8B-Instruct"} {
+		b.Run(name, func(b *testing.B) {
+			r, err := NewJinjaRenderer(string(testfix.Read(b, "chat-templates/"+name+".jinja")), map[string]string{"bos_token": "<s>", "eos_token": "</s>"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			msgs := []Message{
+				{Role: "system", Content: "You are a helpful assistant."},
+				{Role: "user", Content: "What is the capital of France?"},
+				{Role: "assistant", Content: "The capital of France is Paris."},
+				{Role: "user", Content: "And of Germany?"},
+			}
+			if strings.HasPrefix(name, "google-gemma") {
+				msgs = msgs[1:]
+			}
+			for b.Loop() {
+				if _, err := r.Render(msgs, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
