@@ -83,14 +83,20 @@ func newSplit(c hfComponent) (splitter, error) {
 }
 
 // regexSplit returns the fastest exact splitter for an Isolated regex
-// split: the hand-written scanner for the Qwen2/Qwen3 and Llama-3 patterns,
-// regexp2 otherwise.
+// split: the hand-written scanners for the Qwen2/Qwen3, Llama-3 and GPT-2
+// patterns, regexp2 otherwise.
 func regexSplit(pattern string) (splitter, error) {
 	switch pattern {
 	case qwenPattern:
 		return qwenScanner{digits: 1}, nil
 	case llama3Pattern:
 		return qwenScanner{digits: 3}, nil
+	case gpt2Pattern, gpt2NoTailPattern:
+		return gpt2Scanner{}, nil
+	case `\p{N}`:
+		return numberSplitter{}, nil
+	case `\p{N}+`:
+		return numberSplitter{run: true}, nil
 	}
 	return newRegexSplitter(pattern)
 }
