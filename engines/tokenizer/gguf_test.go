@@ -2,11 +2,13 @@ package tokenizer
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/llmgw/llmgw/internal/testfix"
 )
@@ -163,4 +165,143 @@ func TestQwenVocabVectors(t *testing.T) {
 			t.Logf("%s from tokenizer.json: %d/%d exact", base, len(cases)-bad, len(cases))
 		})
 	}
+}
+
+// TestSPMMatchesLlamaCpp: the SentencePiece vocabularies' encoding (BPE
+// over spmMerges) equals a literal transcription of llama.cpp's
+// llm_tokenizer_spm_session (refSPMWord below: a queue of adjacent pairs
+// whose concatenation is a piece, highest score first, leftmost among
+// equal scores, non-pieces written as bytes) on random texts of letters,
+// spaces, accents, CJK, emoji and characters outside the vocabulary.
+func TestSPMMatchesLlamaCpp(t *testing.T) {
+	for _, vocab := range []string{"llama-spm", "phi-3"} {
+		t.Run(vocab, func(t *testing.T) {
+			tok, err := LoadGGUF(testfix.Path(t, "tokenizers/gguf-vocab/ggml-vocab-"+vocab+".gguf"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			alpha := []string{"a", "e", "t", "h", "n", "s", "r", "i", "o", " ", " ", "é", "中", "🦙", "x", "q", "\u0301", "ing", "the", "\n", "1"}
+			rng := rand.New(rand.NewPCG(5, 6))
+			for iter := 0; iter < 3000; iter++ {
+				var b strings.Builder
+				for i, n := 0, 1+rng.IntN(80); i < n; i++ {
+					b.WriteString(alpha[rng.IntN(len(alpha))])
+				}
+				text := b.String()
+				got := tok.Encode(nil, text)
+				want := refSPMWord(tok, nil, strings.ReplaceAll(" "+text, " ", "\u2581"))
+				if !slices.Equal(got, want) {
+					t.Fatalf("text %q\n got %v\nwant %v (llama.cpp's algorithm)", text, got, want)
+				}
+			}
+		})
+	}
+}
+
+// refSPMWord is llama.cpp's SentencePiece merge as written there, with the
+// vocabulary's scores (reference for TestSPMMatchesLlamaCpp).
+func refSPMWord(t *HF, dst []uint32, text string) []uint32 {
+	n := utf8.RuneCountInString(text)
+	if n == 0 {
+		return dst
+	}
+	start, end := make([]int32, n), make([]int32, n)
+	next, prev := make([]int32, n), make([]int32, n)
+	k := 0
+	for i := 0; i < len(text); k++ {
+		_, w := utf8.DecodeRuneInString(text[i:])
+		start[k], end[k], prev[k], next[k] = int32(i), int32(i+w), int32(k-1), int32(k+1)
+		i += w
+	}
+	next[n-1] = -1
+	var h spmHeap
+	add := func(l, r int32) {
+		if l < 0 || r < 0 {
+			return
+		}
+		id, ok := t.pieceID[text[start[l]:end[r]]]
+		if !ok {
+			return
+		}
+		h.push(spmBigram{score: t.scores[id], left: l, right: r, size: end[r] - start[l]})
+	}
+	for i := int32(1); i < int32(n); i++ {
+		add(i-1, i)
+	}
+	for len(h) > 0 {
+		b := h.pop()
+		l, r := b.left, b.right
+		if end[l] == start[l] || end[r] == start[r] || end[r]-start[l] != b.size || next[l] != r {
+			continue
+		}
+		end[l] = end[r]
+		start[r] = end[r]
+		next[l] = next[r]
+		if next[r] >= 0 {
+			prev[next[r]] = l
+		}
+		add(prev[l], l)
+		add(l, next[l])
+	}
+	for i := int32(0); i >= 0; i = next[i] {
+		sym := text[start[i]:end[i]]
+		if id, ok := t.pieceID[sym]; ok {
+			dst = append(dst, id)
+			continue
+		}
+		for j := 0; j < len(sym); j++ {
+			dst = append(dst, t.byteTok[sym[j]])
+		}
+	}
+	return dst
+}
+
+// spmBigram is a merge candidate: higher score first, then leftmost.
+type spmBigram struct {
+	score       float32
+	left, right int32
+	size        int32
+}
+
+func (a spmBigram) before(b spmBigram) bool {
+	return a.score > b.score || (a.score == b.score && a.left < b.left)
+}
+
+type spmHeap []spmBigram
+
+func (h *spmHeap) push(v spmBigram) {
+	*h = append(*h, v)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !s[i].before(s[p]) {
+			break
+		}
+		s[p], s[i] = s[i], s[p]
+		i = p
+	}
+}
+
+func (h *spmHeap) pop() spmBigram {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	s = s[:last]
+	for i := 0; ; {
+		l, small := 2*i+1, i
+		if l < len(s) && s[l].before(s[small]) {
+			small = l
+		}
+		if r := l + 1; r < len(s) && s[r].before(s[small]) {
+			small = r
+		}
+		if small == i {
+			break
+		}
+		s[i], s[small] = s[small], s[i]
+		i = small
+	}
+	*h = s
+	return top
 }

@@ -3,7 +3,9 @@ package tokenizer
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // GGUF token types (llama.cpp's llama_token_type, written by gguf-py as
@@ -210,6 +212,7 @@ func ggufTokenizer(meta ggufMeta) (*HF, error) {
 		}
 		t.stripLead = t.spacePrefix
 		t.spmWords = spmWordsSafe(t.pieceID)
+		t.model.merges = spmMerges(t.pieceID, t.scores)
 	default:
 		return nil, fmt.Errorf("%w: GGUF tokenizer model %q (gpt2 and llama are supported)", ErrUnsupported, model)
 	}
@@ -233,4 +236,36 @@ func ggufTokenizer(meta ggufMeta) (*HF, error) {
 	}
 	t.chatTemplate, _ = meta.str("tokenizer.chat_template")
 	return t, nil
+}
+
+// spmMerges turns a SentencePiece vocabulary into BPE merges: every pair of
+// pieces whose concatenation is a piece merges into it, ranked by the
+// concatenation's score (higher score, lower rank; equal scores share a
+// rank, so the leftmost pair goes first, as in llama.cpp's queue).
+func spmMerges(pieceID map[string]uint32, scores []float32) map[uint64]uint64 {
+	uniq := make([]float32, 0, len(pieceID))
+	for _, id := range pieceID {
+		uniq = append(uniq, scores[id])
+	}
+	slices.Sort(uniq)
+	uniq = slices.Compact(uniq)
+	rankOf := func(sc float32) uint64 {
+		i, _ := slices.BinarySearch(uniq, sc)
+		return uint64(len(uniq) - 1 - i) // highest score: rank 0
+	}
+	merges := make(map[uint64]uint64, len(pieceID))
+	for p, id := range pieceID {
+		r := rankOf(scores[id])
+		for i := 1; i < len(p); i++ {
+			if !utf8.RuneStart(p[i]) {
+				continue
+			}
+			l, lok := pieceID[p[:i]]
+			rt, rok := pieceID[p[i:]]
+			if lok && rok {
+				merges[pairKey(l, rt)] = r<<32 | uint64(id)
+			}
+		}
+	}
+	return merges
 }

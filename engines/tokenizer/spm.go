@@ -2,7 +2,6 @@ package tokenizer
 
 import (
 	"strings"
-	"sync"
 	"unicode/utf8"
 )
 
@@ -56,14 +55,13 @@ func (t *HF) charWord(dst []uint32, piece string) []uint32 {
 // concatenation is a vocabulary piece with the highest score merges first,
 // the leftmost among equal scores; a final symbol that is not a piece (a
 // character outside the vocabulary) is written as its <0xXX> byte tokens.
-// Symbols are byte ranges of text, so a candidate is text[start:end] and
-// looking it up allocates nothing.
+//
+// That is BPE with a merge for every pair of pieces whose concatenation is
+// a piece, ranked by the concatenation's score (spmMerges): spmEncode runs
+// the same merge loop as the tokenizer.json form. TestSPMMatchesLlamaCpp
+// checks it against a literal transcription of llama.cpp's algorithm.
 func (t *HF) spmEncode(dst []uint32, text string) []uint32 {
-	if !t.spmWords {
-		return t.spmWord(dst, text)
-	}
-	splitWords(text, func(w string) { dst = t.spmWord(dst, w) })
-	return dst
+	return t.charBPE(dst, text)
 }
 
 // splitWords cuts text before each U+2581 that follows another character.
@@ -92,74 +90,6 @@ func splitWords(text string, fn func(word string)) {
 	}
 }
 
-// spmWord runs the SentencePiece merge on one word.
-func (t *HF) spmWord(dst []uint32, text string) []uint32 {
-	n := utf8.RuneCountInString(text)
-	if n == 0 {
-		return dst
-	}
-	sc := spmPool.Get().(*spmScratch)
-	defer spmPool.Put(sc)
-	if cap(sc.buf) < 4*n {
-		sc.buf = make([]int32, 4*n)
-	}
-	buf := sc.buf[:4*n]
-	start, end, next, prev := buf[0:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:]
-	k := 0
-	for i := 0; i < len(text); k++ {
-		_, w := utf8.DecodeRuneInString(text[i:])
-		start[k], end[k], prev[k], next[k] = int32(i), int32(i+w), int32(k-1), int32(k+1)
-		i += w
-	}
-	next[n-1] = -1
-	h := sc.heap[:0]
-	add := func(l, r int32) {
-		if l < 0 || r < 0 {
-			return
-		}
-		id, ok := t.pieceID[text[start[l]:end[r]]]
-		if !ok {
-			return
-		}
-		h.push(spmBigram{score: t.scores[id], left: l, right: r, size: end[r] - start[l]})
-	}
-	for i := int32(1); i < int32(n); i++ {
-		add(i-1, i)
-	}
-	for len(h) > 0 {
-		b := h.pop()
-		l, r := b.left, b.right
-		// Stale: a side already merged, or the pair changed since.
-		if end[l] == start[l] || end[r] == start[r] || end[r]-start[l] != b.size || next[l] != r {
-			continue
-		}
-		end[l] = end[r]
-		start[r] = end[r] // empty: merged away
-		next[l] = next[r]
-		if next[r] >= 0 {
-			prev[next[r]] = l
-		}
-		add(prev[l], l)
-		add(l, next[l])
-	}
-	sc.heap = h
-	for i := int32(0); i >= 0; i = next[i] {
-		sym := text[start[i]:end[i]]
-		if id, ok := t.pieceID[sym]; ok {
-			dst = append(dst, id)
-			continue
-		}
-		if t.byteFallback {
-			for j := 0; j < len(sym); j++ {
-				dst = append(dst, t.byteTok[sym[j]])
-			}
-		} else if t.hasUnk {
-			dst = append(dst, t.unkID)
-		}
-	}
-	return dst
-}
-
 // spmWordsSafe reports whether no piece has U+2581 after another
 // character: then spmEncode may merge word by word.
 func spmWordsSafe(pieces map[string]uint32) bool {
@@ -174,61 +104,3 @@ func spmWordsSafe(pieces map[string]uint32) bool {
 	return true
 }
 
-// spmScratch is the per-call working memory of spmWord, pooled: a prompt
-// has one word per space, and allocating for each would be most of the cost.
-type spmScratch struct {
-	buf  []int32
-	heap spmHeap
-}
-
-var spmPool = sync.Pool{New: func() any { return new(spmScratch) }}
-
-// spmBigram is a merge candidate: higher score first, then leftmost.
-type spmBigram struct {
-	score       float32
-	left, right int32
-	size        int32
-}
-
-func (a spmBigram) before(b spmBigram) bool {
-	return a.score > b.score || (a.score == b.score && a.left < b.left)
-}
-
-type spmHeap []spmBigram
-
-func (h *spmHeap) push(v spmBigram) {
-	*h = append(*h, v)
-	s := *h
-	for i := len(s) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !s[i].before(s[p]) {
-			break
-		}
-		s[p], s[i] = s[i], s[p]
-		i = p
-	}
-}
-
-func (h *spmHeap) pop() spmBigram {
-	s := *h
-	top := s[0]
-	last := len(s) - 1
-	s[0] = s[last]
-	s = s[:last]
-	for i := 0; ; {
-		l, small := 2*i+1, i
-		if l < len(s) && s[l].before(s[small]) {
-			small = l
-		}
-		if r := l + 1; r < len(s) && s[r].before(s[small]) {
-			small = r
-		}
-		if small == i {
-			break
-		}
-		s[i], s[small] = s[small], s[i]
-		i = small
-	}
-	*h = s
-	return top
-}
