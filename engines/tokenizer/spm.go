@@ -103,4 +103,3 @@ func spmWordsSafe(pieces map[string]uint32) bool {
 	}
 	return true
 }
-
