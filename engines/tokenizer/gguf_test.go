@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
@@ -104,6 +105,30 @@ func TestReadGGUFMetaErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := readGGUFMeta(bytes.NewReader(tc.data)); err == nil {
 				t.Fatal("readGGUFMeta succeeded, want an error")
+			}
+		})
+	}
+}
+
+// TestGGUFUnsupported: a GGUF tokenizer this package does not implement is
+// refused with an error naming it, wrapping ErrUnsupported.
+func TestGGUFUnsupported(t *testing.T) {
+	cases := []struct {
+		name, key, value, want string
+	}{
+		{"unknown pre-tokenizer", "tokenizer.ggml.pre", "tekken", `pre-tokenizer "tekken"`},
+		{"unigram model", "tokenizer.ggml.model", "t5", `model "t5"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			meta, err := openGGUFMeta(testfix.Path(t, "tokenizers/gguf-vocab/ggml-vocab-gpt-2.gguf"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			meta[tc.key] = tc.value
+			_, err = ggufTokenizer(meta)
+			if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v; want ErrUnsupported naming %s", err, tc.want)
 			}
 		})
 	}
