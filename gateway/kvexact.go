@@ -15,6 +15,8 @@ import (
 
 	"github.com/valyala/fastjson"
 
+	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // the adapters engines.For reads
 	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/gateway/kvindex"
 	"github.com/llmgw/llmgw/gateway/openai"
@@ -96,7 +98,11 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 		return nil, err
 	}
 	pool := kv.pool
-	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, eff.ModelName, func() string {
+	tokenizePath := ""
+	if a, err := engines.For(engines.Kind(eff.KVEngineType)); err == nil {
+		tokenizePath = a.Surfaces().Tokenize
+	}
+	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, eff.ModelName, tokenizePath, func() string {
 		for _, ep := range pool {
 			if ep.Available() {
 				return scheme + "://" + ep.Addr

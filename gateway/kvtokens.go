@@ -77,10 +77,13 @@ const engineTokenCacheBytes = 32 << 20
 // (ask a worker's /tokenize), or a tokenizer source for the rule's model
 // (a tokenizer.json or .gguf path, or a models directory holding the
 // model's snapshot: tokenizer.Resolve). Admission refuses anything else.
-func newKVTokenizer(spec, model string, engineURL func() string, client *http.Client) (kvTokenizer, error) {
+func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, client *http.Client) (kvTokenizer, error) {
 	switch spec {
 	case "engine":
-		return &engineTokenizer{baseURL: engineURL, client: client, cache: newByteCache(engineTokenCacheBytes)}, nil
+		if tokenizePath == "" {
+			return nil, fmt.Errorf("%w: the engine has no tokenize endpoint", tokenizer.ErrNoSource)
+		}
+		return &engineTokenizer{path: tokenizePath, baseURL: engineURL, client: client, cache: newByteCache(engineTokenCacheBytes)}, nil
 	case "", "builtin":
 		return nil, fmt.Errorf("%w: KV-exact routing needs the model's tokenizer (kvTokenizer: a tokenizer.json or .gguf path, a models directory, or \"engine\")", tokenizer.ErrNoSource)
 	}
@@ -297,11 +300,14 @@ func (c *tokenCache) segment(dst []uint32, seg string, tok tokenizer.Tokenizer) 
 	return dst
 }
 
-// engineTokenizer asks a worker's /tokenize endpoint (vLLM and SGLang take
-// {"messages"} or {"prompt"}), caching answers by request content. Each
+// engineTokenizer asks a worker's tokenize endpoint in vLLM's form
+// ({"messages"} or {"prompt"}; admission accepts "engine" only for an engine
+// whose adapter names a tokenize endpoint, and of the KV-exact engines only
+// vLLM has one), caching answers by request content. Each
 // call runs under the request's context and at most
 // engineTokenizeTimeout; a failure is a KV miss whose reason says why.
 type engineTokenizer struct {
+	path    string        // the engine's tokenize endpoint (adapter)
 	baseURL func() string // an available worker's base URL, "" if none
 	client  *http.Client
 	cache   *byteCache
@@ -336,7 +342,7 @@ func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.
 	}
 	cctx, cancel := context.WithTimeout(ctx, engineTokenizeTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(cctx, http.MethodPost, base+"/tokenize", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(cctx, http.MethodPost, base+t.path, bytes.NewReader(body))
 	if err != nil {
 		return dst, tokenizeErr("tokenize_engine", "%v", err)
 	}
@@ -364,6 +370,12 @@ func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
 		return dst, tokenizeErr("tokenize_engine", "/tokenize answer: %v", err)
+	}
+	if len(out.Tokens) == 0 {
+		// A prompt always has tokens; an empty answer means the engine
+		// did not understand the body (llama.cpp answers 200 with no
+		// tokens to a body without "content").
+		return dst, tokenizeErr("tokenize_engine", "/tokenize answered no tokens")
 	}
 	t.cache.put(body, out.Tokens)
 	return append(dst, out.Tokens...), nil

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"path/filepath"
@@ -329,4 +330,41 @@ func (h *spmHeap) pop() spmBigram {
 	}
 	*h = s
 	return top
+}
+
+// TestLlamaServerTokenize: the ids a real llama-server answered on
+// POST /tokenize (recorded in testdata; the served model's vocabulary is
+// the llama-spm one, token for token) reproduce from the GGUF vocabulary,
+// without and with the BOS that add_special adds. This is the engine
+// itself, not the Hugging Face tokenizer: special-token text is parsed, a
+// space is prefixed after each special token.
+func TestLlamaServerTokenize(t *testing.T) {
+	var fx struct {
+		Cases []struct {
+			Text       string   `json:"text"`
+			IDs        []uint32 `json:"ids"`
+			IDsSpecial []uint32 `json:"ids_add_special"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(testfix.Read(t, "tokenizers/llamacpp-tokenize-llama-spm.json"), &fx); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := LoadGGUF(testfix.Path(t, "tokenizers/gguf-vocab/ggml-vocab-llama-spm.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bos, add := tok.BOS()
+	if !add || bos != 1 {
+		t.Fatalf("BOS() = %d, %v; want 1, true", bos, add)
+	}
+	bad := 0
+	for i, c := range fx.Cases {
+		got := tok.Encode(nil, c.Text)
+		withBOS := tok.Encode([]uint32{bos}, c.Text)
+		if !slices.Equal(got, c.IDs) || !slices.Equal(withBOS, c.IDsSpecial) {
+			bad++
+			t.Errorf("case %d %q:\n got %v / %v\nwant %v / %v (llama-server)", i, c.Text, got, withBOS, c.IDs, c.IDsSpecial)
+		}
+	}
+	t.Logf("llama-server /tokenize: %d/%d exact", len(fx.Cases)-bad, len(fx.Cases))
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // the adapters engines.For reads
 	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
@@ -527,6 +529,15 @@ func checkTokenizer(r *Rule) *AdmissionError {
 	const what = "give kvTokenizer: the path of the model's tokenizer.json or .gguf file on the gateway host, a models directory holding the model's snapshot (<org>__<name>/, <org>/<name>/ or the Hugging Face cache layout models--<org>--<name>/snapshots/), or \"engine\" to ask the workers' /tokenize"
 	switch r.KVTokenizer {
 	case "engine":
+		// The engine's adapter says whether it has a tokenize endpoint
+		// (SGLang and TensorRT-LLM have none).
+		a, err := engines.For(engines.Kind(engineOf(r)))
+		if err != nil {
+			return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer \"engine\": %v", err)
+		}
+		if a.Surfaces().Tokenize == "" {
+			return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer \"engine\": %s has no tokenize endpoint; give the path of the model's tokenizer.json or .gguf file, or a models directory holding its snapshot", a.Display())
+		}
 		return nil
 	case "builtin":
 		return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer \"builtin\" (a made-up tokenizer) is gone: its ids match no engine; %s", what)

@@ -176,6 +176,9 @@ func TestAdmitRules(t *testing.T) {
 		{name: "tokenizer file", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = tokFile }},
 		{name: "tokenizer engine", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = "engine" }},
 		{name: "kv-exact without tokenizer", base: plainRule, mutate: kvExact, wantCode: CodeKVTokenizer},
+		{name: "kv-exact engine tokenizer vllm", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = "engine" }},
+		{name: "engine tokenizer sglang has none", base: pdRule, mutate: func(r *Rule) { r.KVExactMode = 1; r.KVTokenizer = "engine" }, wantCode: CodeKVTokenizer},
+		{name: "engine tokenizer trtllm has none", base: trtRule, mutate: func(r *Rule) { r.KVExactMode = 1; r.KVTokenizer = "engine" }, wantCode: CodeKVTokenizer},
 		{name: "kv-exact builtin tokenizer", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = "builtin" }, wantCode: CodeKVTokenizer},
 		{name: "kv-exact tokenizer file", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = tokFile }},
 		{name: "kv-exact models dir slug", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = filepath.Join(models, "slug") }},
@@ -339,6 +342,30 @@ func declaredCodes(t *testing.T) []string {
 	return codes
 }
 
+// exampleModels points an example's kvTokenizer under /models (the
+// examples' stand-in for a host's models directory) at a temporary one
+// holding what the path names, so admission can resolve it. Admission only
+// resolves; the files are not loaded.
+func exampleModels(t *testing.T, r *Rule) {
+	t.Helper()
+	rest, ok := strings.CutPrefix(r.KVTokenizer, "/models")
+	if !ok {
+		return
+	}
+	root := t.TempDir()
+	file := filepath.Join(root, rest)
+	if !strings.HasSuffix(rest, "tokenizer.json") {
+		file = filepath.Join(root, rest, strings.Replace(r.ModelName, "/", "__", 1), "tokenizer.json")
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.KVTokenizer = filepath.Join(root, rest)
+}
+
 func TestAdmitNil(t *testing.T) {
 	var ae *AdmissionError
 	if err := Admit(nil, nil, nil); !errors.As(err, &ae) || ae.Code != CodeRuleMissing {
@@ -353,6 +380,7 @@ func TestAdmitReferenceExamples(t *testing.T) {
 	for _, file := range exampleFiles(t) {
 		t.Run(filepath.Base(file), func(t *testing.T) {
 			r := mustDecodeFile(t, file)
+			exampleModels(t, r)
 			if err := Admit(r, nil, nil); err != nil {
 				t.Fatalf("Admit: got %v, want nil", err)
 			}
