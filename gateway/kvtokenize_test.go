@@ -92,6 +92,19 @@ func TestKVTokenizeEndpoint(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(wb), &wt) != nil || !slices.Equal(wt.Tokens, got.Tokens) {
 		t.Fatalf("worker /tokenize %d: %v\ngateway: %v", resp.StatusCode, wt.Tokens, got.Tokens)
 	}
+	// With tools (key order as sent) and chat_template_kwargs, the gateway
+	// and the worker render and tokenize the same prompt.
+	withTools := `{"model":"m","messages":[{"role":"user","content":"weather in Paris?"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"chat_template_kwargs":{"enable_thinking":false}}`
+	st, b = call("kv", "s3cret", withTools)
+	var gt KVTokenization
+	if st != http.StatusOK || json.Unmarshal(b, &gt) != nil || !strings.Contains(gt.Prompt, `{"type": "function", "function": {"name": "get_weather"`) || !strings.HasSuffix(gt.Prompt, "<think>\n\n</think>\n\n") {
+		t.Fatalf("tools: %d prompt %q", st, gt.Prompt)
+	}
+	resp, wb = post(t, c, "http://"+s.Addrs().HTTP+"/tokenize", strings.Replace(withTools, `"model":"m",`, `"model":"m","add_generation_prompt":true,`, 1))
+	wt.Tokens = nil
+	if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(wb), &wt) != nil || !slices.Equal(wt.Tokens, gt.Tokens) {
+		t.Fatalf("tools: worker /tokenize %d: %v\ngateway: %v", resp.StatusCode, wt.Tokens, gt.Tokens)
+	}
 	// After the request is served, the worker has published every block.
 	post(t, c, "http://"+gw.Addr()+"/v1/chat/completions", body)
 	eventually(t, 10*time.Second, "every block published", func() bool {
