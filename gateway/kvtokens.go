@@ -217,20 +217,28 @@ func (t *localTokenizer) prompt(_ context.Context, dst []uint32, v *fastjson.Val
 // (added tokens are matched before the BPE runs), so encoding segment by
 // segment gives exactly the ids of encoding the whole text. Chat prompts are
 // mostly special-token-delimited messages, so a growing conversation
-// re-tokenizes only its new turn. The cache is bounded (LRU).
+// re-tokenizes only its new turn. The cache is an LRU bounded by entries and
+// by bytes (tokenCacheBytes).
 type tokenCache struct {
 	// markers are the special tokens of the tokenizer at which prompts are
-	// cut: only texts the tokenizer encodes as one added token qualify,
-	// since cutting anywhere else could change how the text around the cut
-	// is pre-tokenized.
+	// cut: only added tokens that do not absorb the whitespace before them
+	// qualify, since cutting anywhere else could change how the text around
+	// the cut is encoded.
 	markers []string
 	mu      sync.Mutex
-	max     int
+	max     int // entries
+	maxB    int // bytes held: segments plus 4 per id
+	used    int
 	ll      *list.List
 	items   map[uint64]*list.Element
 	hits    uint64
 	miss    uint64
 }
+
+// tokenCacheBytes bounds the bytes one rule's segment cache holds, so a run
+// of long unique prompts cannot hold gigabytes (4096 entries of a 16k-token
+// turn would be about 500 MB).
+const tokenCacheBytes = 64 << 20
 
 type tokenCacheEntry struct {
 	key uint64
@@ -239,10 +247,12 @@ type tokenCacheEntry struct {
 }
 
 func newTokenCache(max int, tok tokenizer.Tokenizer) *tokenCache {
-	c := &tokenCache{max: max, ll: list.New(), items: map[uint64]*list.Element{}}
-	if tok != nil {
+	c := &tokenCache{max: max, maxB: tokenCacheBytes, ll: list.New(), items: map[uint64]*list.Element{}}
+	// A marker qualifies when the tokenizer says a prompt may be cut before
+	// it (an added token that does not absorb the whitespace before it).
+	if cutter, ok := tok.(interface{ CutsBefore(string) bool }); ok {
 		for _, m := range specialMarkers {
-			if ids := tok.Encode(nil, m); len(ids) == 1 {
+			if cutter.CutsBefore(m) {
 				c.markers = append(c.markers, m)
 			}
 		}
@@ -286,15 +296,24 @@ func (c *tokenCache) segment(dst []uint32, seg string, tok tokenizer.Tokenizer) 
 	start := len(dst)
 	dst = tok.Encode(dst, seg)
 	ids := append([]uint32(nil), dst[start:]...)
+	size := len(seg) + 4*len(ids)
+	if size > c.maxB/8 { // one segment may not evict most of the cache
+		return dst
+	}
 	c.mu.Lock()
 	if el, ok := c.items[key]; ok {
+		old := el.Value.(*tokenCacheEntry)
+		c.used -= len(old.seg) + 4*len(old.ids)
 		c.ll.Remove(el)
 	}
 	c.items[key] = c.ll.PushFront(&tokenCacheEntry{key: key, seg: seg, ids: ids})
-	for c.ll.Len() > c.max {
+	c.used += size
+	for c.ll.Len() > c.max || c.used > c.maxB {
 		old := c.ll.Back()
+		oe := old.Value.(*tokenCacheEntry)
 		c.ll.Remove(old)
-		delete(c.items, old.Value.(*tokenCacheEntry).key)
+		delete(c.items, oe.key)
+		c.used -= len(oe.seg) + 4*len(oe.ids)
 	}
 	c.mu.Unlock()
 	return dst

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -78,4 +79,27 @@ func FuzzTokenCacheEqualsWhole(f *testing.F) {
 			t.Fatalf("%q: %v != %v", text, got, want)
 		}
 	})
+}
+
+// TestTokenCacheBoundedByBytes: the segment cache never holds more bytes
+// than its bound, however long the prompts, and still answers correctly.
+func TestTokenCacheBoundedByBytes(t *testing.T) {
+	tok, err := tokenizer.Qwen3()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newTokenCache(1<<20, tok)
+	c.maxB = 4096
+	for i := 0; i < 200; i++ {
+		text := fmt.Sprintf("<|im_start|>user\nturn %d %s<|im_end|>\n", i, strings.Repeat("word ", i%40))
+		if got, want := c.encode(nil, text, tok), tok.Encode(nil, text); !slices.Equal(got, want) {
+			t.Fatalf("turn %d: cached encoding differs", i)
+		}
+		if c.used > c.maxB {
+			t.Fatalf("turn %d: cache holds %d bytes, bound %d", i, c.used, c.maxB)
+		}
+	}
+	if c.ll.Len() == 0 {
+		t.Fatalf("nothing cached")
+	}
 }

@@ -711,6 +711,16 @@ func (t *HF) tokenID(text string) (uint32, bool) {
 // Name implements Tokenizer.
 func (t *HF) Name() string { return t.name }
 
+// CutsBefore reports whether text is an added token in front of which a
+// prompt may be cut and the two parts encoded apart with the same ids as
+// the whole: an added token that does not absorb the whitespace before it
+// (lstrip). Text is split at added tokens before anything else, so nothing
+// else crosses such a cut.
+func (t *HF) CutsBefore(text string) bool {
+	_, ok := t.added.idOf(text)
+	return ok && !t.added.stripsLeft(text)
+}
+
 // BOS reports the beginning-of-sequence token and whether the engine
 // prepends it to a prompt (tokenizer_config's add_bos_token with a
 // bos_token set). Encode never adds it; the caller applies this policy.
@@ -870,6 +880,20 @@ func newAddedMatcher(toks []hfAddedToken) addedMatcher {
 		sort.SliceStable(c, func(i, j int) bool { return len(c[i].Content) > len(c[j].Content) })
 	}
 	return m
+}
+
+// stripsLeft reports whether text is an added token that absorbs the
+// whitespace before it (lstrip).
+func (m *addedMatcher) stripsLeft(text string) bool {
+	if len(text) == 0 {
+		return false
+	}
+	for _, a := range m.byByte[text[0]] {
+		if a.Content == text {
+			return a.Lstrip
+		}
+	}
+	return false
 }
 
 func (m *addedMatcher) idOf(text string) (uint32, bool) {
