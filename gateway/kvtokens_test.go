@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -8,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/llmgw/llmgw/engines/tokenizer"
+	"github.com/llmgw/llmgw/gateway/openai"
+	"github.com/llmgw/llmgw/internal/testfix"
 )
 
 // TestTokenCacheEqualsWholeEncoding: segment-by-segment encoding through the
@@ -101,5 +104,52 @@ func TestTokenCacheBoundedByBytes(t *testing.T) {
 	}
 	if c.ll.Len() == 0 {
 		t.Fatalf("nothing cached")
+	}
+}
+
+// TestKVTokenizerBOS: one BOS, never two. A chat prompt takes its BOS from
+// the template's bos_token and the tokenizer adds none (vLLM encodes chat
+// prompts with add_special_tokens=False); a completions prompt gets the
+// tokenizer's BOS. Phi-3's GGUF has both a template that writes bos_token
+// and add_bos_token; Qwen3 has neither.
+func TestKVTokenizerBOS(t *testing.T) {
+	cases := []struct {
+		name, source, body string
+		kind               openai.Kind
+		wantFirst          []uint32 // expected leading ids
+		bosCount           int      // how many BOS (id 1) ids in all
+	}{
+		{"phi-3 chat", "tokenizers/gguf-vocab/ggml-vocab-phi-3.gguf", `{"messages":[{"role":"user","content":"hi"}]}`, openai.Chat, []uint32{1, 32010}, 1},
+		{"phi-3 completion", "tokenizers/gguf-vocab/ggml-vocab-phi-3.gguf", `{"prompt":"hi"}`, openai.Completion, []uint32{1}, 1},
+		{"phi-3 completion of ids", "tokenizers/gguf-vocab/ggml-vocab-phi-3.gguf", `{"prompt":[7, 8]}`, openai.Completion, []uint32{7, 8}, 0},
+		{"qwen3 chat", "", `{"messages":[{"role":"user","content":"hi"}]}`, openai.Chat, []uint32{151644}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := testfix.Qwen3Dir(t)
+			if tc.source != "" {
+				src = testfix.Path(t, tc.source)
+			}
+			kt, err := newKVTokenizer(src, "m", "", nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, err := kt.tokens(context.Background(), nil, mustParse(t, tc.body), tc.kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ids) < len(tc.wantFirst) || !slices.Equal(ids[:len(tc.wantFirst)], tc.wantFirst) {
+				t.Fatalf("ids %v; want them to start with %v", ids, tc.wantFirst)
+			}
+			n := 0
+			for _, id := range ids {
+				if id == 1 && tc.source != "" {
+					n++
+				}
+			}
+			if n != tc.bosCount {
+				t.Errorf("ids %v hold %d BOS, want %d", ids, n, tc.bosCount)
+			}
+		})
 	}
 }
