@@ -24,6 +24,7 @@ type RunbookOptions struct {
 	workersSet       bool
 	Launcher         string
 	Endpoints        string
+	KVTokenizer      string
 	Gateway          string
 	GatewayTokenFile string
 	Out              string
@@ -107,6 +108,7 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 	f.IntVar(&opts.Workers, "workers", converged.DefaultWorkers, "number of workers (attach: defaults to the number of --endpoints)")
 	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
 	f.StringVar(&opts.Endpoints, "endpoints", "", "attach: running workers as host:port,...")
+	f.StringVar(&opts.KVTokenizer, "kv-tokenizer", "", "exact mode: the rule's kvTokenizer (a tokenizer.json or .gguf path, a models directory, or engine); \"\" = the simulators' Qwen3 tokenizer with --launcher sim, else engine")
 	addLabFlags(f, &opts.Gateway, &opts.GatewayTokenFile, &opts.Out)
 	f.StringSliceVar(&opts.ImageOverrides, "image-override", nil, "docker: KEY=IMAGE with KEY an engine or sim (repeatable)")
 	f.StringVar(&opts.DockerNetwork, "docker-network", "", "docker: join this network instead of creating one for the run")
@@ -125,7 +127,7 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 	}
 	co := &converged.Options{
 		Engine: o.Engine, Profile: o.Profile, Mode: o.Mode, Workers: o.Workers, GatewayAdmin: o.Gateway,
-		HealthTimeout: o.HealthTimeout, Logger: logger,
+		HealthTimeout: o.HealthTimeout, Logger: logger, Tokenizer: o.KVTokenizer,
 	}
 	if o.Workers < 1 || o.Workers > 64 {
 		return nil, usageErrorf("--workers %d: want 1..64", o.Workers)
