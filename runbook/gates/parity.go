@@ -355,7 +355,7 @@ func Check(ctx context.Context, t Target) (*Parity, error) {
 // Sentinels under ErrParity that decide the outcome's status.
 var (
 	errNotKVExact = errors.New("no KV inventory")
-	errTokenizer  = errors.New("tokenizer not reproducible")
+	errTokenizer  = errors.New("the gateway cannot say how it tokenizes")
 	errShort      = errors.New("canary too short")
 )
 
