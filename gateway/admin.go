@@ -63,6 +63,7 @@ func (s *Server) adminHandler() http.Handler {
 	mux.HandleFunc("POST /v1/rules/{name}/endpoints/{id}/drain", s.mutating(s.handleDrain(true)))
 	mux.HandleFunc("POST /v1/rules/{name}/endpoints/{id}/undrain", s.mutating(s.handleDrain(false)))
 	mux.HandleFunc("GET /v1/rules/{name}/inventory", s.handleInventory)
+	mux.HandleFunc("POST /v1/rules/{name}/tokenize", s.mutating(s.handleKVTokenize))
 	mux.HandleFunc("GET /v1/decisions", s.handleDecisions)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

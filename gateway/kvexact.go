@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fastjson"
 
 	"github.com/llmgw/llmgw/engines"
+	_ "github.com/llmgw/llmgw/engines/all" // the adapters engines.For reads
 	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/gateway/kvindex"
 	"github.com/llmgw/llmgw/gateway/openai"
@@ -104,7 +105,11 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 		return nil, err
 	}
 	pool := kv.pool
-	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, func() string {
+	tokenizePath := ""
+	if a, err := engines.For(engines.Kind(eff.KVEngineType)); err == nil {
+		tokenizePath = a.Surfaces().Tokenize
+	}
+	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, eff.ModelName, tokenizePath, func() string {
 		for _, ep := range pool {
 			if ep.Available() {
 				return scheme + "://" + ep.Addr
@@ -257,15 +262,17 @@ func (c *kvChoice) isHit(m int) bool {
 
 // route tokenizes and hashes the request and applies the selection law over
 // the pool, skipping exclude. On a miss, choice.ep is nil and reason names
-// the miss.
-func (kv *kvRuntime) route(sc *kvScratch, v *fastjson.Value, kind openai.Kind, exclude *upstream.Endpoint) kvChoice {
+// the miss (a failed tokenization: "tokenize", or for kvTokenizer "engine"
+// "tokenize_timeout", "tokenize_engine", "tokenize_no_worker"). ctx is the
+// request's context; it bounds the engine's /tokenize.
+func (kv *kvRuntime) route(ctx context.Context, sc *kvScratch, v *fastjson.Value, kind openai.Kind, exclude *upstream.Endpoint) kvChoice {
 	var err error
 	// The match of the last request served with this scratch must not be
 	// read for this one before Match fills it.
 	sc.matched = sc.matched[:0]
-	sc.ids, err = kv.tok.tokens(sc.ids[:0], v, kind)
+	sc.ids, err = kv.tok.tokens(ctx, sc.ids[:0], v, kind)
 	if err != nil {
-		return kvChoice{reason: "tokenize", share: kv.hitShare}
+		return kvChoice{reason: missReason(err), share: kv.hitShare}
 	}
 	sc.keys = kv.hasher.BlockKeys(sc.keys[:0], sc.ids)
 	c := kvChoice{total: len(sc.keys), prompt: len(sc.ids), share: kv.hitShare}
@@ -616,8 +623,8 @@ func (kv *kvRuntime) canaryLoop(ctx context.Context, s *Server, r *rule.Rule) {
 	}
 }
 
-// canaryOnce sends the canary to pool position i and reports whether the
-// gateway's first block key shows up in its inventory within 3 s.
+// canaryOnce sends the canary to pool position i and reports whether every
+// block key the gateway computes for it shows up in its inventory within 3 s.
 func (kv *kvRuntime) canaryOnce(ctx context.Context, client *http.Client, i int, r *rule.Rule) (bool, error) {
 	ep := kv.pool[i]
 	prompt := strings.Repeat("llmgw canary: prove that gateway and engine hash the same blocks. ", 8)
@@ -628,7 +635,7 @@ func (kv *kvRuntime) canaryOnce(ctx context.Context, client *http.Client, i int,
 		return false, err
 	}
 	var sc kvScratch
-	if sc.ids, err = kv.tok.tokens(nil, v, openai.Completion); err != nil {
+	if sc.ids, err = kv.tok.tokens(ctx, nil, v, openai.Completion); err != nil {
 		return false, err
 	}
 	sc.keys = kv.hasher.BlockKeys(nil, sc.ids)
@@ -650,9 +657,15 @@ func (kv *kvRuntime) canaryOnce(ctx context.Context, client *http.Client, i int,
 	if resp.StatusCode != http.StatusOK {
 		return false, fmt.Errorf("canary answered %d", resp.StatusCode)
 	}
+	// Every block must show up: block 0 alone would pass a gateway whose
+	// parent-hash chaining is wrong.
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
-		if kv.index.Contains(i, sc.keys[0]) {
+		all := true
+		for _, k := range sc.keys {
+			all = all && kv.index.Contains(i, k)
+		}
+		if all {
 			return true, nil
 		}
 		select {

@@ -1,9 +1,14 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -11,13 +16,17 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/gateway/rule"
+	"github.com/llmgw/llmgw/internal/testfix"
 )
 
+// kvTokenizerLine matches the kvTokenizer line kvRule writes.
+var kvTokenizerLine = regexp.MustCompile(`kvTokenizer: [^\n]*\n`)
+
 // kvRule builds a KV-exact (kvExactMode 3, CHWBL fallback) rule over sims
-// publishing KV events.
+// publishing KV events, with the real Qwen3 tokenizer (the sims' default).
 func kvRule(t *testing.T, name, engine string, blockSize int, sims []*sim.Sim) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "name: %s\nmodel_name: m\nsel: 8\nkvEngineType: %s\nkvExactMode: 3\nkvBlockSize: %d\nprobe: {disabled: true}\nendpoints:\n", name, engine, blockSize)
+	fmt.Fprintf(&sb, "name: %s\nmodel_name: m\nsel: 8\nkvEngineType: %s\nkvExactMode: 3\nkvTokenizer: %q\nkvBlockSize: %d\nprobe: {disabled: true}\nendpoints:\n", name, engine, testfix.Qwen3Dir(t), blockSize)
 	for i, s := range sims {
 		h, p := hostPort(t, s.Addrs().HTTP)
 		line := fmt.Sprintf("  - {id: w%d, endpointIP: %s, targetPort: %d", i+1, h, p)
@@ -216,7 +225,7 @@ func TestKVExactEvictionMovesTheNextRequest(t *testing.T) {
 	}
 	sc := &kvScratch{}
 	eventually(t, 10*time.Second, "the prefix to be evicted from the inventory", func() bool {
-		c := rt.kv.route(sc, mustParse(t, chatBodyFor(system, "q3")), 0, nil)
+		c := rt.kv.route(context.Background(), sc, mustParse(t, chatBodyFor(system, "q3")), 0, nil)
 		return c.ep == nil || sc.matched[pos] == 0
 	})
 	resp, _ = post(t, c, url, chatBodyFor(system, "q3"))
@@ -268,7 +277,7 @@ func TestKVExactMode1ScoresPrefillEndpoints(t *testing.T) {
 	}
 	d := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
 	var sb strings.Builder
-	sb.WriteString("name: pdkv\nmodel_name: m\nkvEngineType: vllm\nkvExactMode: 1\npd_disagg_mode: true\nprobe: {disabled: true}\nendpoints:\n")
+	fmt.Fprintf(&sb, "name: pdkv\nmodel_name: m\nkvEngineType: vllm\nkvExactMode: 1\nkvTokenizer: %q\npd_disagg_mode: true\nprobe: {disabled: true}\nendpoints:\n", testfix.Qwen3Dir(t))
 	for i, p := range prefills {
 		h, port := hostPort(t, p.Addrs().HTTP)
 		fmt.Fprintf(&sb, "  - {id: p%d, endpointIP: %s, targetPort: %d, ep_role: 1, kvEventsEndpoint: %q, kvReplayEndpoint: %q}\n", i+1, h, port, p.Addrs().Events, p.Addrs().Replay)
@@ -352,7 +361,7 @@ func TestKVExactEngineTokenizer(t *testing.T) {
 		sims = append(sims, s)
 	}
 	gw := startGateway(t, "", nil)
-	mustApply(t, gw, strings.Replace(kvRule(t, "kv", "vllm", 16, sims), "kvExactMode: 3\n", "kvExactMode: 3\nkvTokenizer: engine\n", 1))
+	mustApply(t, gw, kvTokenizerLine.ReplaceAllString(kvRule(t, "kv", "vllm", 16, sims), "kvTokenizer: engine\n"))
 	rt := gw.rules["kv"]
 	eventually(t, 10*time.Second, "streams", func() bool { _, a, _ := rt.kv.ready(0); _, b, _ := rt.kv.ready(1); return a && b })
 	c := newClient(t)
@@ -375,6 +384,66 @@ func TestKVExactEngineTokenizer(t *testing.T) {
 	post(t, c, url, chatBodyFor(system, "q2"))
 	if lt.cache.ll.Len() != n {
 		t.Errorf("a repeated request was tokenized again (cache %d -> %d entries)", n, lt.cache.ll.Len())
+	}
+}
+
+// TestKVExactEngineTokenizerFailsVisibly: when the engine's /tokenize
+// stalls or fails, the request is still served (by the fallback policy)
+// and the miss says why, in X-Llmgw-Route and llmgw_kv_misses_total; a
+// stalled /tokenize is abandoned at its deadline, its request context
+// cancelled.
+func TestKVExactEngineTokenizerFailsVisibly(t *testing.T) {
+	cases := []struct {
+		name   string
+		reason string
+	}{
+		{"stall", "tokenize_timeout"},
+		{"status 500", "tokenize_engine"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			abandoned := make(chan struct{}, 4)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case "/tokenize":
+					if tc.reason == "tokenize_timeout" {
+						// With the body read, the server watches the
+						// connection and cancels r.Context() when the
+						// gateway abandons the call.
+						_, _ = io.Copy(io.Discard, r.Body)
+						<-r.Context().Done()
+						abandoned <- struct{}{}
+						return
+					}
+					http.Error(w, `{"error":"boom"}`, http.StatusInternalServerError)
+				default:
+					w.Header().Set("Content-Type", "application/json")
+					fmt.Fprint(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+				}
+			}))
+			t.Cleanup(srv.Close)
+			h, p := hostPort(t, strings.TrimPrefix(srv.URL, "http://"))
+			gw := startGateway(t, "", nil)
+			mustApply(t, gw, fmt.Sprintf("name: kv\nmodel_name: m\nsel: 8\nkvEngineType: vllm\nkvExactMode: 3\nkvTokenizer: engine\nprobe: {disabled: true}\nendpoints:\n  - {id: w1, endpointIP: %s, targetPort: %d, kvEventsEndpoint: \"tcp://127.0.0.1:9\"}\n", h, p))
+			c := newClient(t)
+			resp, _ := post(t, c, "http://"+gw.Addr()+"/v1/chat/completions", chatBodyFor("system", "q"))
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d; a tokenizer failure must not fail the request", resp.StatusCode)
+			}
+			if route := resp.Header.Get("X-Llmgw-Route"); !strings.Contains(route, "miss="+tc.reason) {
+				t.Errorf("X-Llmgw-Route %q; want miss=%s", route, tc.reason)
+			}
+			if n := gw.metricValue(t, "llmgw_kv_misses_total", "kv", tc.reason); n != 1 {
+				t.Errorf("llmgw_kv_misses_total{reason=%q} = %v, want 1", tc.reason, n)
+			}
+			if tc.reason == "tokenize_timeout" {
+				select {
+				case <-abandoned:
+				case <-t.Context().Done():
+					t.Fatal("the stalled /tokenize call was never cancelled")
+				}
+			}
+		})
 	}
 }
 

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"container/list"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fastjson"
@@ -22,27 +24,70 @@ import (
 // request is routed by the fallback policy (a miss, never a failure).
 var errKVTokenize = errors.New("gateway: kv-exact tokenization")
 
+// kvTokenizeError is a tokenization failure with the miss reason it gives
+// the decision (X-Llmgw-Route, /v1/decisions) and llmgw_kv_misses_total.
+type kvTokenizeError struct {
+	reason string // "tokenize", "tokenize_timeout", "tokenize_engine", "tokenize_no_worker"
+	err    error
+}
+
+func (e *kvTokenizeError) Error() string { return e.err.Error() }
+func (e *kvTokenizeError) Unwrap() error { return e.err }
+
+func tokenizeErr(reason string, format string, args ...any) error {
+	return &kvTokenizeError{reason: reason, err: fmt.Errorf("%w: "+format, append([]any{errKVTokenize}, args...)...)}
+}
+
+// missReason is the decision reason of a tokenization error.
+func missReason(err error) string {
+	var te *kvTokenizeError
+	if errors.As(err, &te) {
+		return te.reason
+	}
+	return "tokenize"
+}
+
 // kvTokenizer produces the token ids an engine computes for a request, the
 // way the engine does it: chat messages rendered with the model's chat
-// template (generation prompt appended), completions prompts as text, BOS
-// per the model's tokenizer config.
+// template (generation prompt appended, the request's tools and
+// chat_template_kwargs passed to the template), the rendered text encoded
+// with no BOS added (vLLM tokenizes a chat prompt with
+// add_special_tokens=False: a BOS comes from the template's bos_token);
+// completions prompts encoded with the model's BOS policy.
 type kvTokenizer interface {
-	// tokens appends the request's prompt token ids to dst.
-	tokens(dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error)
+	// tokens appends the request's prompt token ids to dst. ctx bounds
+	// any remote call (the request's context).
+	tokens(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error)
+	// prompt is tokens that also returns the text it encoded: the rendered
+	// chat prompt or the completions prompt ("" when the ids came from the
+	// engine or the prompt was given as ids).
+	prompt(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) (string, []uint32, error)
 	name() string
 }
 
-// newKVTokenizer builds the tokenizer a rule's kvTokenizer names: "" or
-// "builtin" (the simulator's), "engine" (ask a worker's /tokenize), or a
-// path to a tokenizer.json.
-func newKVTokenizer(spec string, engineURL func() string, client *http.Client) (kvTokenizer, error) {
+// engineTokenizeTimeout bounds one /tokenize call of kvTokenizer "engine"
+// (within the request's own deadline): a slow tokenizer must cost a KV miss,
+// not the request.
+const engineTokenizeTimeout = 500 * time.Millisecond
+
+// engineTokenCacheBytes bounds the /tokenize answer cache of one rule.
+const engineTokenCacheBytes = 32 << 20
+
+// newKVTokenizer builds the tokenizer a rule's kvTokenizer names: "engine"
+// (ask a worker's /tokenize), or a tokenizer source for the rule's model
+// (a tokenizer.json or .gguf path, or a models directory holding the
+// model's snapshot: tokenizer.Resolve). Admission refuses anything else.
+func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, client *http.Client) (kvTokenizer, error) {
 	switch spec {
-	case "", "builtin":
-		return &localTokenizer{tok: tokenizer.Builtin{}, render: tokenizer.ChatML{}, cache: newTokenCache(4096, tokenizer.Builtin{})}, nil
 	case "engine":
-		return &engineTokenizer{baseURL: engineURL, client: client, cache: newTokenCache(4096, nil)}, nil
+		if tokenizePath == "" {
+			return nil, fmt.Errorf("%w: the engine has no tokenize endpoint", tokenizer.ErrNoSource)
+		}
+		return &engineTokenizer{path: tokenizePath, baseURL: engineURL, client: client, cache: newByteCache(engineTokenCacheBytes)}, nil
+	case "", "builtin":
+		return nil, fmt.Errorf("%w: KV-exact routing needs the model's tokenizer (kvTokenizer: a tokenizer.json or .gguf path, a models directory, or \"engine\")", tokenizer.ErrNoSource)
 	}
-	hf, err := tokenizer.LoadHF(spec)
+	hf, err := tokenizer.Open(spec, model)
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +95,10 @@ func newKVTokenizer(spec string, engineURL func() string, client *http.Client) (
 	if err != nil && !errors.Is(err, tokenizer.ErrNoChatTemplate) {
 		return nil, err
 	}
-	lt := &localTokenizer{tok: hf, render: r, cache: newTokenCache(4096, hf)}
+	lt := &localTokenizer{tok: hf, cache: newTokenCache(4096, hf)}
+	if jr, ok := r.(*tokenizer.JinjaRenderer); ok {
+		lt.render = jr
+	}
 	if id, add := hf.BOS(); add {
 		lt.bos = []uint32{id}
 	}
@@ -83,30 +131,55 @@ func messages(v *fastjson.Value) ([]tokenizer.Message, error) {
 	return out, nil
 }
 
+// templateVars are the request fields a chat template sees besides the
+// messages: "tools" (key order kept) and the chat_template_kwargs (e.g.
+// Qwen3's enable_thinking), as vLLM passes them to apply_chat_template.
+func templateVars(v *fastjson.Value) map[string]any {
+	var vars map[string]any
+	if t := v.Get("tools"); t != nil && t.Type() != fastjson.TypeNull {
+		vars = map[string]any{"tools": tokenizer.JSONValue(t.MarshalTo(nil))}
+	}
+	if kwv := v.Get("chat_template_kwargs"); kwv != nil && kwv.Type() == fastjson.TypeObject {
+		kwv.GetObject().Visit(func(k []byte, val *fastjson.Value) {
+			if vars == nil {
+				vars = map[string]any{}
+			}
+			vars[string(k)] = tokenizer.JSONValue(val.MarshalTo(nil))
+		})
+	}
+	return vars
+}
+
 // localTokenizer tokenizes in process.
 type localTokenizer struct {
 	tok    tokenizer.Tokenizer
-	render tokenizer.Renderer // nil: the model has no chat template
+	render *tokenizer.JinjaRenderer // nil: the model has no chat template
 	bos    []uint32
 	cache  *tokenCache
 }
 
 func (t *localTokenizer) name() string { return t.tok.Name() }
 
-func (t *localTokenizer) tokens(dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error) {
+func (t *localTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error) {
+	_, ids, err := t.prompt(ctx, dst, v, kind)
+	return ids, err
+}
+
+func (t *localTokenizer) prompt(_ context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) (string, []uint32, error) {
 	var text string
 	switch kind {
 	case openai.Chat:
 		if t.render == nil {
-			return dst, fmt.Errorf("%w: tokenizer %s has no chat template", errKVTokenize, t.tok.Name())
+			return "", dst, tokenizeErr("tokenize", "tokenizer %s has no chat template", t.tok.Name())
 		}
 		msgs, err := messages(v)
 		if err != nil {
-			return dst, fmt.Errorf("%w: %v", errKVTokenize, err)
+			return "", dst, tokenizeErr("tokenize", "%v", err)
 		}
-		if text, err = t.render.Render(msgs, true); err != nil {
-			return dst, fmt.Errorf("%w: chat template: %v", errKVTokenize, err)
+		if text, err = t.render.RenderWith(msgs, true, templateVars(v)); err != nil {
+			return "", dst, tokenizeErr("tokenize", "chat template: %v", err)
 		}
+		return text, t.cache.encode(dst, text, t.tok), nil
 	default:
 		p := v.Get("prompt")
 		switch p.Type() {
@@ -115,26 +188,28 @@ func (t *localTokenizer) tokens(dst []uint32, v *fastjson.Value, kind openai.Kin
 		case fastjson.TypeArray:
 			items := p.GetArray()
 			if len(items) == 0 {
-				return dst, fmt.Errorf("%w: empty prompt", errKVTokenize)
+				return "", dst, tokenizeErr("tokenize", "empty prompt")
 			}
 			switch items[0].Type() {
 			case fastjson.TypeNumber: // one prompt of token ids: used as given
 				for _, it := range items {
 					dst = append(dst, uint32(it.GetUint()))
 				}
-				return dst, nil
+				return "", dst, nil
 			case fastjson.TypeString:
 				text = string(items[0].GetStringBytes())
 			case fastjson.TypeArray:
 				for _, it := range items[0].GetArray() {
 					dst = append(dst, uint32(it.GetUint()))
 				}
-				return dst, nil
+				return "", dst, nil
 			}
+		default:
+			return "", dst, tokenizeErr("tokenize", "no prompt")
 		}
 	}
 	dst = append(dst, t.bos...)
-	return t.cache.encode(dst, text, t.tok), nil
+	return text, t.cache.encode(dst, text, t.tok), nil
 }
 
 // tokenCache memoises tokenization by segment. Special-token text splits a
@@ -142,20 +217,28 @@ func (t *localTokenizer) tokens(dst []uint32, v *fastjson.Value, kind openai.Kin
 // (added tokens are matched before the BPE runs), so encoding segment by
 // segment gives exactly the ids of encoding the whole text. Chat prompts are
 // mostly special-token-delimited messages, so a growing conversation
-// re-tokenizes only its new turn. The cache is bounded (LRU).
+// re-tokenizes only its new turn. The cache is an LRU bounded by entries and
+// by bytes (tokenCacheBytes).
 type tokenCache struct {
 	// markers are the special tokens of the tokenizer at which prompts are
-	// cut: only texts the tokenizer encodes as one added token qualify,
-	// since cutting anywhere else could change how the text around the cut
-	// is pre-tokenized.
+	// cut: only added tokens that do not absorb the whitespace before them
+	// qualify, since cutting anywhere else could change how the text around
+	// the cut is encoded.
 	markers []string
 	mu      sync.Mutex
-	max     int
+	max     int // entries
+	maxB    int // bytes held: segments plus 4 per id
+	used    int
 	ll      *list.List
 	items   map[uint64]*list.Element
 	hits    uint64
 	miss    uint64
 }
+
+// tokenCacheBytes bounds the bytes one rule's segment cache holds, so a run
+// of long unique prompts cannot hold gigabytes (4096 entries of a 16k-token
+// turn would be about 500 MB).
+const tokenCacheBytes = 64 << 20
 
 type tokenCacheEntry struct {
 	key uint64
@@ -164,10 +247,12 @@ type tokenCacheEntry struct {
 }
 
 func newTokenCache(max int, tok tokenizer.Tokenizer) *tokenCache {
-	c := &tokenCache{max: max, ll: list.New(), items: map[uint64]*list.Element{}}
-	if tok != nil {
+	c := &tokenCache{max: max, maxB: tokenCacheBytes, ll: list.New(), items: map[uint64]*list.Element{}}
+	// A marker qualifies when the tokenizer says a prompt may be cut before
+	// it (an added token that does not absorb the whitespace before it).
+	if cutter, ok := tok.(interface{ CutsBefore(string) bool }); ok {
 		for _, m := range specialMarkers {
-			if ids := tok.Encode(nil, m); len(ids) == 1 {
+			if cutter.CutsBefore(m) {
 				c.markers = append(c.markers, m)
 			}
 		}
@@ -211,73 +296,168 @@ func (c *tokenCache) segment(dst []uint32, seg string, tok tokenizer.Tokenizer) 
 	start := len(dst)
 	dst = tok.Encode(dst, seg)
 	ids := append([]uint32(nil), dst[start:]...)
+	size := len(seg) + 4*len(ids)
+	if size > c.maxB/8 { // one segment may not evict most of the cache
+		return dst
+	}
 	c.mu.Lock()
 	if el, ok := c.items[key]; ok {
+		old := el.Value.(*tokenCacheEntry)
+		c.used -= len(old.seg) + 4*len(old.ids)
 		c.ll.Remove(el)
 	}
 	c.items[key] = c.ll.PushFront(&tokenCacheEntry{key: key, seg: seg, ids: ids})
-	for c.ll.Len() > c.max {
+	c.used += size
+	for c.ll.Len() > c.max || c.used > c.maxB {
 		old := c.ll.Back()
+		oe := old.Value.(*tokenCacheEntry)
 		c.ll.Remove(old)
-		delete(c.items, old.Value.(*tokenCacheEntry).key)
+		delete(c.items, oe.key)
+		c.used -= len(oe.seg) + 4*len(oe.ids)
 	}
 	c.mu.Unlock()
 	return dst
 }
 
-// engineTokenizer asks a worker's /tokenize endpoint (vLLM and SGLang take
-// {"messages"} or {"prompt"}), caching answers by request content.
+// engineTokenizer asks a worker's tokenize endpoint in vLLM's form
+// ({"messages"} or {"prompt"}; admission accepts "engine" only for an engine
+// whose adapter names a tokenize endpoint, and of the KV-exact engines only
+// vLLM has one), caching answers by request content. Each
+// call runs under the request's context and at most
+// engineTokenizeTimeout; a failure is a KV miss whose reason says why.
 type engineTokenizer struct {
+	path    string        // the engine's tokenize endpoint (adapter)
 	baseURL func() string // an available worker's base URL, "" if none
 	client  *http.Client
-	cache   *tokenCache
+	cache   *byteCache
 }
 
 func (t *engineTokenizer) name() string { return "engine" }
 
-func (t *engineTokenizer) tokens(dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error) {
+func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error) {
 	var body []byte
 	switch kind {
 	case openai.Chat:
-		body = fmt.Appendf(nil, `{"model":%s,"messages":%s,"add_generation_prompt":true}`, v.Get("model"), v.Get("messages"))
+		body = fmt.Appendf(nil, `{"model":%s,"messages":%s,"add_generation_prompt":true`, v.Get("model"), v.Get("messages"))
+		if tools := v.Get("tools"); tools != nil {
+			body = fmt.Appendf(body, `,"tools":%s`, tools)
+		}
+		if kw := v.Get("chat_template_kwargs"); kw != nil {
+			body = fmt.Appendf(body, `,"chat_template_kwargs":%s`, kw)
+		}
+		body = append(body, '}')
 	default:
 		body = fmt.Appendf(nil, `{"model":%s,"prompt":%s}`, v.Get("model"), v.Get("prompt"))
 	}
-	key := xxhash.Sum64(body)
-	t.cache.mu.Lock()
-	if el, ok := t.cache.items[key]; ok && el.Value.(*tokenCacheEntry).seg == string(body) {
-		t.cache.ll.MoveToFront(el)
-		ids := el.Value.(*tokenCacheEntry).ids
-		t.cache.mu.Unlock()
+	if ids, ok := t.cache.get(body); ok {
 		return append(dst, ids...), nil
 	}
-	t.cache.mu.Unlock()
 	base := t.baseURL()
 	if base == "" {
-		return dst, fmt.Errorf("%w: no available worker to ask /tokenize", errKVTokenize)
+		return dst, tokenizeErr("tokenize_no_worker", "no available worker to ask /tokenize")
 	}
-	resp, err := t.client.Post(base+"/tokenize", "application/json", bytes.NewReader(body))
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	cctx, cancel := context.WithTimeout(ctx, engineTokenizeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodPost, base+t.path, bytes.NewReader(body))
 	if err != nil {
-		return dst, fmt.Errorf("%w: %v", errKVTokenize, err)
+		return dst, tokenizeErr("tokenize_engine", "%v", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := t.client.Do(req)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(cctx.Err(), context.DeadlineExceeded) {
+			return dst, tokenizeErr("tokenize_timeout", "/tokenize took longer than %v", engineTokenizeTimeout)
+		}
+		return dst, tokenizeErr("tokenize_engine", "/tokenize: %v", err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil || resp.StatusCode != 200 {
-		return dst, fmt.Errorf("%w: /tokenize answered %d: %.200s", errKVTokenize, resp.StatusCode, data)
+	if err != nil {
+		if errors.Is(cctx.Err(), context.DeadlineExceeded) {
+			return dst, tokenizeErr("tokenize_timeout", "/tokenize took longer than %v", engineTokenizeTimeout)
+		}
+		return dst, tokenizeErr("tokenize_engine", "/tokenize answer: %v", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return dst, tokenizeErr("tokenize_engine", "/tokenize answered %d", resp.StatusCode)
 	}
 	var out struct {
 		Tokens []uint32 `json:"tokens"`
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
-		return dst, fmt.Errorf("%w: /tokenize answer: %v", errKVTokenize, err)
+		return dst, tokenizeErr("tokenize_engine", "/tokenize answer: %v", err)
 	}
-	t.cache.mu.Lock()
-	t.cache.items[key] = t.cache.ll.PushFront(&tokenCacheEntry{key: key, seg: string(body), ids: out.Tokens})
-	for t.cache.ll.Len() > t.cache.max {
-		old := t.cache.ll.Back()
-		t.cache.ll.Remove(old)
-		delete(t.cache.items, old.Value.(*tokenCacheEntry).key)
+	if len(out.Tokens) == 0 {
+		// A prompt always has tokens; an empty answer means the engine
+		// did not understand the body (llama.cpp answers 200 with no
+		// tokens to a body without "content").
+		return dst, tokenizeErr("tokenize_engine", "/tokenize answered no tokens")
 	}
-	t.cache.mu.Unlock()
+	t.cache.put(body, out.Tokens)
 	return append(dst, out.Tokens...), nil
+}
+
+func (t *engineTokenizer) prompt(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) (string, []uint32, error) {
+	ids, err := t.tokens(ctx, dst, v, kind)
+	return "", ids, err
+}
+
+// byteCache is an LRU of token ids by request body, bounded by the bytes it
+// holds (bodies plus 4 bytes per id), so a few huge prompts cannot hold
+// gigabytes.
+type byteCache struct {
+	mu    sync.Mutex
+	max   int
+	used  int
+	ll    *list.List
+	items map[uint64]*list.Element
+}
+
+type byteCacheEntry struct {
+	key  uint64
+	body string
+	ids  []uint32
+}
+
+func newByteCache(max int) *byteCache {
+	return &byteCache{max: max, ll: list.New(), items: map[uint64]*list.Element{}}
+}
+
+func (e *byteCacheEntry) size() int { return len(e.body) + 4*len(e.ids) }
+
+func (c *byteCache) get(body []byte) ([]uint32, bool) {
+	key := xxhash.Sum64(body)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.items[key]
+	if !ok || el.Value.(*byteCacheEntry).body != string(body) {
+		return nil, false
+	}
+	c.ll.MoveToFront(el)
+	return el.Value.(*byteCacheEntry).ids, true
+}
+
+func (c *byteCache) put(body []byte, ids []uint32) {
+	e := &byteCacheEntry{key: xxhash.Sum64(body), body: string(body), ids: ids}
+	if e.size() > c.max/4 { // one answer may not evict most of the cache
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.items[e.key]; ok {
+		c.used -= old.Value.(*byteCacheEntry).size()
+		c.ll.Remove(old)
+	}
+	c.items[e.key] = c.ll.PushFront(e)
+	c.used += e.size()
+	for c.used > c.max {
+		old := c.ll.Back()
+		oe := old.Value.(*byteCacheEntry)
+		c.ll.Remove(old)
+		delete(c.items, oe.key)
+		c.used -= oe.size()
+	}
 }

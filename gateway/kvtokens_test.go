@@ -1,42 +1,24 @@
 package gateway
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/llmgw/llmgw/engines/tokenizer"
+	"github.com/llmgw/llmgw/gateway/openai"
+	"github.com/llmgw/llmgw/internal/testfix"
 )
 
-// sharedFixture finds a file under ../shared/fixtures (CI puts shared/
-// beside the project root).
-func sharedFixture(t *testing.T, rel string) string {
-	t.Helper()
-	dir, _ := os.Getwd()
-	for i := 0; i < 6; i++ {
-		p := filepath.Join(dir, "shared", "fixtures", rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		p = filepath.Join(dir, "..", "shared", "fixtures", rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		dir = filepath.Dir(dir)
-	}
-	t.Fatalf("fixture %s not found above %s", rel, dir)
-	return ""
-}
-
 // TestTokenCacheEqualsWholeEncoding: segment-by-segment encoding through the
-// cache gives exactly the ids of encoding the whole prompt, for the builtin
-// tokenizer and the real Qwen3 tokenizer, on chat prompts that repeat and
+// cache gives exactly the ids of encoding the whole prompt, for the real
+// Qwen3 tokenizer, on chat prompts that repeat and
 // grow (so the cache is hit).
 func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
-	hf, err := tokenizer.LoadHF(sharedFixture(t, "tokenizers/Qwen__Qwen3/tokenizer.json"))
+	hf, err := tokenizer.Qwen3()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +30,7 @@ func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
 		name   string
 		tok    tokenizer.Tokenizer
 		render tokenizer.Renderer
-	}{{"builtin", tokenizer.Builtin{}, tokenizer.ChatML{}}, {"qwen3", hf, r}}
+	}{{"qwen3", hf, r}}
 	rng := rand.New(rand.NewPCG(1, 2))
 	words := []string{"the", "cache", " kv", "prefix", "\n", "日本", "!!", "  ", "<|im_end|>", "x.[|", "123", "ünï"}
 	for _, tc := range toks {
@@ -89,11 +71,85 @@ func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
 func FuzzTokenCacheEqualsWhole(f *testing.F) {
 	f.Add("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 	f.Add("x.[|system|]y<|im_end|><|im_end|>")
+	tok, err := tokenizer.Qwen3()
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, text string) {
-		c := newTokenCache(8, tokenizer.Builtin{})
-		want := tokenizer.Builtin{}.Encode(nil, text)
-		if got := c.encode(nil, text, tokenizer.Builtin{}); !slices.Equal(got, want) {
+		c := newTokenCache(8, tok)
+		want := tok.Encode(nil, text)
+		if got := c.encode(nil, text, tok); !slices.Equal(got, want) {
 			t.Fatalf("%q: %v != %v", text, got, want)
 		}
 	})
+}
+
+// TestTokenCacheBoundedByBytes: the segment cache never holds more bytes
+// than its bound, however long the prompts, and still answers correctly.
+func TestTokenCacheBoundedByBytes(t *testing.T) {
+	tok, err := tokenizer.Qwen3()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newTokenCache(1<<20, tok)
+	c.maxB = 4096
+	for i := 0; i < 200; i++ {
+		text := fmt.Sprintf("<|im_start|>user\nturn %d %s<|im_end|>\n", i, strings.Repeat("word ", i%40))
+		if got, want := c.encode(nil, text, tok), tok.Encode(nil, text); !slices.Equal(got, want) {
+			t.Fatalf("turn %d: cached encoding differs", i)
+		}
+		if c.used > c.maxB {
+			t.Fatalf("turn %d: cache holds %d bytes, bound %d", i, c.used, c.maxB)
+		}
+	}
+	if c.ll.Len() == 0 {
+		t.Fatalf("nothing cached")
+	}
+}
+
+// TestKVTokenizerBOS: one BOS, never two. A chat prompt takes its BOS from
+// the template's bos_token and the tokenizer adds none (vLLM encodes chat
+// prompts with add_special_tokens=False); a completions prompt gets the
+// tokenizer's BOS. Phi-3's GGUF has both a template that writes bos_token
+// and add_bos_token; Qwen3 has neither.
+func TestKVTokenizerBOS(t *testing.T) {
+	cases := []struct {
+		name, source, body string
+		kind               openai.Kind
+		wantFirst          []uint32 // expected leading ids
+		bosCount           int      // how many BOS (id 1) ids in all
+	}{
+		{"phi-3 chat", "tokenizers/gguf-vocab/ggml-vocab-phi-3.gguf", `{"messages":[{"role":"user","content":"hi"}]}`, openai.Chat, []uint32{1, 32010}, 1},
+		{"phi-3 completion", "tokenizers/gguf-vocab/ggml-vocab-phi-3.gguf", `{"prompt":"hi"}`, openai.Completion, []uint32{1}, 1},
+		{"phi-3 completion of ids", "tokenizers/gguf-vocab/ggml-vocab-phi-3.gguf", `{"prompt":[7, 8]}`, openai.Completion, []uint32{7, 8}, 0},
+		{"qwen3 chat", "", `{"messages":[{"role":"user","content":"hi"}]}`, openai.Chat, []uint32{151644}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := testfix.Qwen3Dir(t)
+			if tc.source != "" {
+				src = testfix.Path(t, tc.source)
+			}
+			kt, err := newKVTokenizer(src, "m", "", nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, err := kt.tokens(context.Background(), nil, mustParse(t, tc.body), tc.kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ids) < len(tc.wantFirst) || !slices.Equal(ids[:len(tc.wantFirst)], tc.wantFirst) {
+				t.Fatalf("ids %v; want them to start with %v", ids, tc.wantFirst)
+			}
+			n := 0
+			for _, id := range ids {
+				if id == 1 && tc.source != "" {
+					n++
+				}
+			}
+			if n != tc.bosCount {
+				t.Errorf("ids %v hold %d BOS, want %d", ids, n, tc.bosCount)
+			}
+		})
+	}
 }

@@ -124,7 +124,7 @@ func newMetrics(s *Server) *metrics {
 		Name: "llmgw_kv_hits_total", Help: "KV-exact decisions that routed to an endpoint holding at least the rule's kvHitMinShare of the prompt's blocks.",
 	}, []string{"rule", "endpoint"})
 	m.kvMisses = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_kv_misses_total", Help: "KV-exact decisions that were not hits, by reason: fell back to the rule's policy (tokenize, short, no_match, not_ready, overloaded), or chose an endpoint holding no block (spill) or less than kvHitMinShare of them (partial).",
+		Name: "llmgw_kv_misses_total", Help: "KV-exact decisions that were not hits, by reason: fell back to the rule's policy (tokenize; for kvTokenizer engine tokenize_timeout, tokenize_engine, tokenize_no_worker; short, no_match, not_ready, overloaded), or chose an endpoint holding no block (spill) or less than kvHitMinShare of them (partial).",
 	}, []string{"rule", "reason"})
 	m.kvMatched = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "llmgw_kv_matched_blocks", Help: "Prefix blocks the chosen endpoint held, per KV-exact decision.",

@@ -216,7 +216,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 	}
 	var kvc *kvChoice
 	if rt.kv != nil {
-		st.kvc = rt.kv.route(&st.kv, v, kind, nil)
+		st.kvc = rt.kv.route(ctx, &st.kv, v, kind, nil)
 		kvc = &st.kvc
 		s.metrics.kvObserve(rt.rule.Name, kvc)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/testfix"
 	"github.com/llmgw/llmgw/reliability/harness"
 )
 
@@ -153,7 +154,7 @@ func TestKVInventoryResync(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sims := map[string]*harness.Sim{}
 			var rule strings.Builder
-			rule.WriteString("name: kv\nmodel_name: m\nsel: 8\nkvEngineType: vllm\nkvExactMode: 3\nkvBlockSize: 16\nprobe: {path: /health, interval: 200ms, timeout: 100ms}\nendpoints:\n")
+			fmt.Fprintf(&rule, "name: kv\nmodel_name: m\nsel: 8\nkvEngineType: vllm\nkvExactMode: 3\nkvTokenizer: %q\nkvBlockSize: 16\nprobe: {path: /health, interval: 200ms, timeout: 100ms}\nendpoints:\n", testfix.Qwen3Dir(t))
 			for i := range 2 {
 				id := fmt.Sprintf("w%d", i+1)
 				s := startSim(t, id, "--prefill-us-per-token", "1")
@@ -307,7 +308,7 @@ func TestTRTSecondConsumerRefused(t *testing.T) {
 	s := startSim(t, "trt", "--engine", "trtllm")
 	g := startGW(t, "")
 	ruleY := func(name, model string) string {
-		return fmt.Sprintf("name: %s\nmodel_name: %s\nsel: 8\nkvEngineType: trtllm\nkvExactMode: 3\nkvBlockSize: 32\nprobe: {disabled: true}\nendpoints:\n  - {id: w1, endpointIP: 127.0.0.1, targetPort: %s}\n", name, model, port(t, s.Addrs.HTTP))
+		return fmt.Sprintf("name: %s\nmodel_name: %s\nsel: 8\nkvEngineType: trtllm\nkvExactMode: 3\nkvTokenizer: %q\nkvBlockSize: 32\nprobe: {disabled: true}\nendpoints:\n  - {id: w1, endpointIP: 127.0.0.1, targetPort: %s}\n", name, model, testfix.Qwen3Dir(t), port(t, s.Addrs.HTTP))
 	}
 	putRule(t, g, "trt-a", ruleY("trt-a", "m"))
 	c := newClient(t, 10*time.Second)

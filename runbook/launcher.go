@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/llmgw/llmgw/engines/tokenizer"
 	"github.com/llmgw/llmgw/profiles"
 )
 
@@ -95,4 +96,25 @@ func AsBlocked(err error) *BlockedError {
 		return b
 	}
 	return nil
+}
+
+// KVTokenizer is the kvTokenizer a runbook's KV-exact rule uses: explicit
+// when given (a tokenizer.json or .gguf path, a models directory, or
+// "engine"); else, for simulated workers, the simulators' default tokenizer
+// (the embedded Qwen3 one, exported under dir so that the gateway reads the
+// same files); else "engine", the real workers' own /tokenize (a failure is
+// a visible KV miss, never a wrong hash).
+func KVTokenizer(simulated bool, explicit, dir string) (string, error) {
+	switch {
+	case explicit != "":
+		return explicit, nil
+	case simulated:
+		p, err := tokenizer.ExportQwen3(dir)
+		if err != nil {
+			return "", fmt.Errorf("runbook: %w", err)
+		}
+		return p, nil
+	default:
+		return "engine", nil
+	}
 }

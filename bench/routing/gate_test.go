@@ -7,11 +7,15 @@ import (
 
 // gateConfig is the small, seeded scale of the regression gate: 4
 // simulators whose caches hold about a quarter of the shared prompts each,
-// so a router that scatters a prompt over every worker thrashes them.
+// so a router that scatters a prompt over every worker thrashes them. The
+// prompts are tokenized with the simulators' real (Qwen3) tokenizer, about
+// one token per generated word: 150 blocks of 16 keep the proportion the
+// gate had with the earlier made-up tokenizer's 1.7 tokens per word and
+// 256 blocks.
 func gateConfig(w Workload, policies ...Policy) Config {
 	return Config{
 		Workload: w, Shape: DefaultShape(w, 320), Seed: 42, Policies: policies,
-		Endpoints: 4, Concurrency: 8, CacheBlocks: 256,
+		Endpoints: 4, Concurrency: 8, CacheBlocks: 150,
 		// Costs large enough that scheduler noise on a busy 2-core machine
 		// (a few ms) stays small against an uncached prefill (~30 ms).
 		PrefillPerToken: 50 * time.Microsecond, DecodePerToken: 500 * time.Microsecond,

@@ -44,8 +44,9 @@ type Oracle struct {
 	inFlight []int64
 }
 
-// NewOracle models endpoints simulators configured as vLLM with the builtin
-// tokenizer and ChatML template, blockSize tokens per block, the
+// NewOracle models endpoints simulators configured as vLLM with their
+// default tokenizer (the embedded Qwen3 one, with Qwen3's chat template),
+// blockSize tokens per block, the
 // sha256_cbor hash with seed "0" (the simulator defaults), cacheBlocks
 // blocks of prefix cache and slots serving slots each (0 = unbounded).
 func NewOracle(endpoints, blockSize, cacheBlocks, slots int) (*Oracle, error) {
@@ -56,7 +57,15 @@ func NewOracle(endpoints, blockSize, cacheBlocks, slots int) (*Oracle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("routing: oracle hasher: %w", err)
 	}
-	o := &Oracle{blockSize: blockSize, hasher: h, tok: tokenizer.Builtin{}, render: tokenizer.ChatML{}, inFlight: make([]int64, endpoints), slots: int64(slots)}
+	tok, err := tokenizer.Qwen3()
+	if err != nil {
+		return nil, fmt.Errorf("routing: oracle tokenizer: %w", err)
+	}
+	render, err := tok.ChatRenderer()
+	if err != nil {
+		return nil, fmt.Errorf("routing: oracle chat template: %w", err)
+	}
+	o := &Oracle{blockSize: blockSize, hasher: h, tok: tok, render: render, inFlight: make([]int64, endpoints), slots: int64(slots)}
 	for range endpoints {
 		o.caches = append(o.caches, newLRUModel(cacheBlocks))
 	}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -309,7 +310,13 @@ func ruleYAML(p Policy, sims []*sim.Sim) (string, error) {
 	case CHWBL:
 		b.WriteString("sel: 8\n")
 	case KVExact:
-		fmt.Fprintf(&b, "sel: 8\nkvEngineType: vllm\nkvExactMode: 3\nkvBlockSize: %d\n", blockSize)
+		// The sims tokenize with their default, the embedded Qwen3
+		// tokenizer; the gateway reads the same files.
+		tok, err := tokenizer.ExportQwen3(filepath.Join(os.TempDir(), "llmgw-tokenizers"))
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "sel: 8\nkvEngineType: vllm\nkvExactMode: 3\nkvTokenizer: %q\nkvBlockSize: %d\n", tok, blockSize)
 	default:
 		return "", fmt.Errorf("%w: policy %q has no gateway rule", ErrParams, p)
 	}

@@ -65,8 +65,8 @@ type Request struct {
 // independent request.
 type Session []Request
 
-// Shape sizes a workload. Sizes are in words of generated text (about 1.7
-// builtin-tokenizer tokens per word).
+// Shape sizes a workload. Sizes are in words of generated text (the
+// vocabulary words are mostly one Qwen3 token each).
 type Shape struct {
 	// Requests is the total number of requests (≥ 1).
 	Requests int
@@ -144,8 +144,8 @@ type gen struct {
 	seq int
 }
 
-// vocabulary for generated text: ordinary words, so the builtin tokenizer
-// splits them as it would real prose.
+// vocabulary for generated text: ordinary words, so the tokenizer splits
+// them as it would real prose.
 var vocabulary = strings.Fields(`the of and to in is that for it as with was on be by at this
 from or have an they which one you were all we when there can been has more if will would
 who so no out up into than them only other time new some could these two may first then do

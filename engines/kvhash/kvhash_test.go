@@ -5,33 +5,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-)
 
-// fixtureFile finds a file under shared/fixtures by walking up from the
-// package directory (the reference shelf sits beside the project root).
-func fixtureFile(t testing.TB, rel string) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatalf("getwd: %v", err)
-	}
-	for {
-		p := filepath.Join(dir, "shared", "fixtures", rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		up := filepath.Dir(dir)
-		if up == dir {
-			t.Fatalf("shared/fixtures/%s not found above the package directory", rel)
-		}
-		dir = up
-	}
-}
+	"github.com/llmgw/llmgw/internal/testfix"
+)
 
 type vectorFile struct {
 	NoneHashSeed      string        `json:"none_hash_seed"`
@@ -58,7 +38,7 @@ type hashFixture struct {
 
 func loadVectors(t *testing.T) vectorFile {
 	t.Helper()
-	raw, err := os.ReadFile(fixtureFile(t, "kv_hash/kv_hash_vectors.json"))
+	raw, err := os.ReadFile(testfix.Path(t, "kv_hash/kv_hash_vectors.json"))
 	if err != nil {
 		t.Fatalf("read vectors: %v", err)
 	}

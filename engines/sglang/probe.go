@@ -119,11 +119,29 @@ func kvEventsConfig(raw json.RawMessage) (events, replay string, off bool, err e
 	return c.Endpoint, replay, false, nil
 }
 
-// TokenizeBody: the adapter names no tokenize surface for SGLang.
-func (*Adapter) TokenizeBody(string, string) []byte { return nil }
+// TokenizeBody: POST /v1/tokenize {"model","prompt","add_special_tokens":
+// false}, the adapter's Tokenize shape (testdata/cases/tokenize.json).
+func (a *Adapter) TokenizeBody(model, text string) []byte {
+	sh := a.Tokenize()
+	b, _ := json.Marshal(map[string]any{sh.ModelField: model, sh.TextField: text, sh.AddSpecialField: false})
+	return b
+}
 
-func (*Adapter) ParseTokens([]byte) ([]uint32, error) {
-	return nil, fmt.Errorf("sglang: no tokenize surface")
+// ParseTokens reads TokenizeResponse {"tokens":[...],"count","max_model_len"}.
+func (a *Adapter) ParseTokens(body []byte) ([]uint32, error) {
+	var t map[string]json.RawMessage
+	if err := json.Unmarshal(body, &t); err != nil {
+		return nil, fmt.Errorf("sglang: tokenize: %w", err)
+	}
+	raw, ok := t[a.Tokenize().TokensField]
+	if !ok {
+		return nil, fmt.Errorf("sglang: tokenize answer has no %q", a.Tokenize().TokensField)
+	}
+	var ids []uint32
+	if err := json.Unmarshal(raw, &ids); err != nil {
+		return nil, fmt.Errorf("sglang: tokenize tokens: %w", err)
+	}
+	return ids, nil
 }
 
 // EventsProbe: SGLang's events are a ZMQ PUB stream, not destructive.

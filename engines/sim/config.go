@@ -78,8 +78,9 @@ type Config struct {
 	// MaxConcurrency bounds requests served at once; the rest queue in
 	// arrival order. 0 means unbounded.
 	MaxConcurrency int
-	// Tokenizer is the path of a Hugging Face tokenizer.json; "" selects the
-	// builtin tokenizer with the ChatML template.
+	// Tokenizer is the model's tokenizer: a tokenizer.json or .gguf path, or
+	// a models directory holding Model's snapshot; "" selects the Qwen3
+	// tokenizer embedded in the binary (the default model's own).
 	Tokenizer string
 	// Seed makes generated text deterministic: equal seeds and prompts give
 	// equal completions.

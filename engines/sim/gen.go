@@ -53,8 +53,9 @@ type genOutcome struct {
 }
 
 // outputWords are the generated tokens: short words with their leading
-// space, each a single token in byte-level BPE vocabularies and in the
-// builtin tokenizer (≤ 3 bytes), so completion_tokens equals the word count.
+// space, each a single token in byte-level BPE vocabularies such as
+// Qwen3's (TestOutputWordsAreSingleTokens), so completion_tokens equals the
+// word count.
 var outputWords = [...]string{
 	" a", " I", " an", " as", " at", " be", " by", " do", " go", " he", " if", " in", " is",
 	" it", " me", " my", " no", " of", " on", " or", " so", " to", " up", " us", " we",

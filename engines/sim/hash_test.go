@@ -7,16 +7,14 @@ import (
 	"testing"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/internal/testfix"
 )
 
 // TestHashFixtures checks that the keys the sim publishes for a prompt are
-// the recorded vLLM keys of ../shared/fixtures/kv_hash (the PYTHONHASHSEED
+// the recorded vLLM keys of testdata/kv_hash (the PYTHONHASHSEED
 // "0" chains: block 0 then block 1 chained from it).
 func TestHashFixtures(t *testing.T) {
-	data, err := os.ReadFile("../../../shared/fixtures/kv_hash/kv_hash_vectors.json")
-	if err != nil {
-		data, err = os.ReadFile("/work/shared/fixtures/kv_hash/kv_hash_vectors.json")
-	}
+	data, err := os.ReadFile(testfix.Path(t, "kv_hash/kv_hash_vectors.json"))
 	if err != nil {
 		t.Fatalf("read fixtures: %v", err)
 	}

@@ -83,11 +83,13 @@ func (s *Sim) buildJob(ctx *fasthttp.RequestCtx, api apiKind, req *genRequest, r
 		if perr != nil {
 			return nil, badRequest(perr)
 		}
-		text, rerr := s.render.Render(msgs, true)
+		text, rerr := s.renderChat(msgs, true, req.Tools, req.ChatTemplateKwargs)
 		if rerr != nil {
 			return nil, badRequest(fmt.Errorf("%w: chat template: %v", errBadRequest, rerr))
 		}
-		job.prompt = s.tok.Encode(append([]uint32(nil), s.bos...), text)
+		// No BOS from the tokenizer: vLLM encodes a rendered chat prompt
+		// with add_special_tokens=False (a BOS comes from the template).
+		job.prompt = s.tok.Encode(nil, text)
 	case api == apiGenerate:
 		switch {
 		case len(req.InputIDs) > 0:

@@ -9,7 +9,6 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sglang"
-	"github.com/llmgw/llmgw/engines/tokenizer"
 	"github.com/llmgw/llmgw/engines/trtllm"
 )
 
@@ -227,6 +226,8 @@ func (s *Sim) serveTokenizeVLLM(ctx *fasthttp.RequestCtx) {
 		Model                *string         `json:"model"`
 		Prompt               *string         `json:"prompt"`
 		Messages             json.RawMessage `json:"messages"`
+		Tools                json.RawMessage `json:"tools"`
+		ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
 		AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 		ContinueFinalMessage bool            `json:"continue_final_message"`
 		AddSpecialTokens     *bool           `json:"add_special_tokens"`
@@ -259,7 +260,7 @@ func (s *Sim) serveTokenizeVLLM(ctx *fasthttp.RequestCtx) {
 			s.writeError(ctx, nil, fasthttp.StatusBadRequest, s.messageFor(err), true)
 			return
 		}
-		text, err := s.render.Render(msgs, agp)
+		text, err := s.renderChat(msgs, agp, req.Tools, req.ChatTemplateKwargs)
 		if err != nil {
 			s.writeError(ctx, nil, fasthttp.StatusBadRequest, "chat template: "+err.Error(), true)
 			return
@@ -354,4 +355,3 @@ func (s *Sim) serveDetokenize(ctx *fasthttp.RequestCtx, key string) {
 	ctx.SetBody(w.b)
 }
 
-var _ tokenizer.Tokenizer = tokenizer.Builtin{}

@@ -24,6 +24,8 @@ var (
 type genRequest struct {
 	Model               string          `json:"model"`
 	Messages            json.RawMessage `json:"messages"`
+	Tools               json.RawMessage `json:"tools"`
+	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs"`
 	Prompt              json.RawMessage `json:"prompt"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`

@@ -296,13 +296,9 @@ func (s *Sim) Close() error {
 func (s *Sim) Receipts() []Receipt { return s.receipts.snapshot() }
 
 func (s *Sim) initTokenizer() error {
-	if s.cfg.Tokenizer == "" {
-		s.tok, s.render = tokenizer.Builtin{}, tokenizer.ChatML{}
-		return nil
-	}
-	tok, render, bos, addBOS, err := loadHFTokenizer(s.cfg.Tokenizer)
+	tok, render, bos, addBOS, err := loadTokenizer(s.cfg.Tokenizer, s.cfg.Model)
 	if err != nil {
-		return fmt.Errorf("%w: tokenizer %s: %w", ErrConfig, s.cfg.Tokenizer, err)
+		return fmt.Errorf("%w: tokenizer %q: %w", ErrConfig, s.cfg.Tokenizer, err)
 	}
 	s.tok, s.render = tok, render
 	if addBOS {

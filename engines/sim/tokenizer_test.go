@@ -7,27 +7,16 @@ import (
 	"testing"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/tokenizer"
+	"github.com/llmgw/llmgw/internal/testfix"
 )
-
-// shelfPath finds a file of the read-only reference shelf from the package
-// directory (../../../shared in a checkout, /work/shared on the dev machine).
-func shelfPath(t *testing.T, rel string) string {
-	t.Helper()
-	for _, p := range []string{"../../../shared/" + rel, "/work/shared/" + rel} {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	t.Fatalf("reference file %s not found", rel)
-	return ""
-}
 
 // TestQwen3Tokenizer runs the sim with the real Qwen3 tokenizer.json and
 // checks /tokenize against the shelf's reference ids (no special tokens
 // added, as with add_special_tokens=false) and the chat path against the
 // Qwen3 template's rendering of a user turn.
 func TestQwen3Tokenizer(t *testing.T) {
-	dir := shelfPath(t, "fixtures/tokenizers/Qwen__Qwen3/tokenizer.json")
+	dir := testfix.Qwen3Dir(t)
 	s := startSim(t, Config{Engine: engines.VLLM, KVEvents: KVEventsOff, Tokenizer: dir})
 	var fx struct {
 		Cases []struct {
@@ -35,7 +24,7 @@ func TestQwen3Tokenizer(t *testing.T) {
 			IDs  []uint32 `json:"ids"`
 		} `json:"cases"`
 	}
-	data, err := os.ReadFile(shelfPath(t, "fixtures/tokenizers/Qwen__Qwen3/encode_vectors.json"))
+	data, err := os.ReadFile(testfix.Path(t, "tokenizers/Qwen__Qwen3/encode_vectors.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,5 +56,19 @@ func TestQwen3Tokenizer(t *testing.T) {
 	}
 	if err := json.Unmarshal(res.body, &chat); err != nil || chat.Usage.PromptTokens != 9 {
 		t.Errorf("chat prompt tokens: got %d (%s), want 9", chat.Usage.PromptTokens, res.body)
+	}
+}
+
+// TestOutputWordsAreSingleTokens: each generated word is one token of the
+// default (embedded Qwen3) tokenizer, so completion_tokens is the word count.
+func TestOutputWordsAreSingleTokens(t *testing.T) {
+	tok, err := tokenizer.Qwen3()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range outputWords {
+		if ids := tok.Encode(nil, w); len(ids) != 1 {
+			t.Errorf("%q encodes to %d tokens %v, want 1", w, len(ids), ids)
+		}
 	}
 }

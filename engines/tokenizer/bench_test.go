@@ -3,6 +3,8 @@ package tokenizer
 import (
 	"strings"
 	"testing"
+
+	"github.com/llmgw/llmgw/internal/testfix"
 )
 
 // benchProse is English prose written for this benchmark (about 3 KB):
@@ -54,7 +56,7 @@ func BenchmarkDecodeProse(b *testing.B) {
 }
 
 func BenchmarkLoadHF(b *testing.B) {
-	path := qwen3Path(b)
+	path := testfix.Qwen3Dir(b)
 	for b.Loop() {
 		if _, err := LoadHF(path); err != nil {
 			b.Fatal(err)

@@ -1,12 +1,19 @@
 package tokenizer
 
+import "slices"
+
 // bpe is a byte-level BPE model over raw bytes: the vocabulary's byte-level
 // strings are decoded once at load, so encoding never builds the printable
 // alphabet form. It is immutable after load and safe for concurrent use.
 type bpe struct {
-	byteID [256]uint32       // id of each single-byte token
+	byteID [256]uint32       // id of each single-byte token, noByte if none
 	merges map[uint64]uint64 // left<<32|right -> rank<<32|merged id
+	// hasMissing: some byte has no token (byteID noByte); encode drops it.
+	hasMissing bool
 }
+
+// noByte stands for a byte without a token; it has no merges.
+const noByte = ^uint32(0)
 
 const noRank = ^uint32(0)
 
@@ -31,31 +38,52 @@ const heapThreshold = 48
 // rank first, leftmost first among equal ranks, as the Hugging Face BPE
 // model does.
 func (m *bpe) encode(dst []uint32, piece string) []uint32 {
+	if m.hasMissing {
+		start := len(dst)
+		dst = m.encodeBytes(dst, piece)
+		kept := slices.DeleteFunc(dst[start:], func(id uint32) bool { return id == noByte })
+		return dst[:start+len(kept)]
+	}
+	return m.encodeBytes(dst, piece)
+}
+
+func (m *bpe) encodeBytes(dst []uint32, piece string) []uint32 {
 	switch n := len(piece); {
 	case n == 0:
 		return dst
 	case n == 1:
 		return append(dst, m.byteID[piece[0]])
 	case n < heapThreshold:
-		return m.encodeScan(dst, piece)
+		var buf [heapThreshold]uint32
+		ids := buf[:n]
+		for i := 0; i < n; i++ {
+			ids[i] = m.byteID[piece[i]]
+		}
+		return append(dst, m.mergeScan(ids)...)
 	default:
-		return m.encodeHeap(dst, piece)
+		ids := make([]uint32, n)
+		for i := 0; i < n; i++ {
+			ids[i] = m.byteID[piece[i]]
+		}
+		return m.mergeHeap(dst, ids)
 	}
 }
 
-// encodeScan keeps the pairs' ranks in an array and scans it for the
+// merge appends the result of merging the initial symbols ids (which it
+// may overwrite) to dst.
+func (m *bpe) merge(dst, ids []uint32) []uint32 {
+	if len(ids) < heapThreshold {
+		return append(dst, m.mergeScan(ids)...)
+	}
+	return m.mergeHeap(dst, ids)
+}
+
+// mergeScan keeps the pairs' ranks in an array and scans it for the
 // minimum before each merge; each merge does at most two map look-ups.
-func (m *bpe) encodeScan(dst []uint32, piece string) []uint32 {
-	var idBuf, rankBuf, mergedBuf [heapThreshold]uint32
-	ids, ranks, merged := idBuf[:0], rankBuf[:0], mergedBuf[:0]
-	if len(piece) > len(idBuf) {
-		ids = make([]uint32, 0, len(piece))
-		ranks = make([]uint32, 0, len(piece))
-		merged = make([]uint32, 0, len(piece))
-	}
-	for i := 0; i < len(piece); i++ {
-		ids = append(ids, m.byteID[piece[i]])
-	}
+// ids (len < heapThreshold) is merged in place; the result is a prefix of it.
+func (m *bpe) mergeScan(ids []uint32) []uint32 {
+	var rankBuf, mergedBuf [heapThreshold]uint32
+	ranks, merged := rankBuf[:0], mergedBuf[:0]
 	// ranks[k] and merged[k] describe the pair (ids[k], ids[k+1]).
 	for k := 0; k+1 < len(ids); k++ {
 		r, id := m.rankOf(ids[k], ids[k+1])
@@ -84,17 +112,16 @@ func (m *bpe) encodeScan(dst []uint32, piece string) []uint32 {
 			ranks[best], merged[best] = m.rankOf(ids[best], ids[best+1])
 		}
 	}
-	return append(dst, ids...)
+	return ids
 }
 
-// encodeHeap merges with a min-heap of (rank, position) over a linked list
+// mergeHeap merges with a min-heap of (rank, position) over a linked list
 // of symbols. A heap entry is stale when its left symbol is gone or the
 // pair starting there has changed; stale entries are skipped when popped.
-// Positions are the original byte offsets of the left symbols, so equal
-// ranks pop leftmost first, as in the array scan.
-func (m *bpe) encodeHeap(dst []uint32, piece string) []uint32 {
-	n := len(piece)
-	ids := make([]uint32, n)
+// Positions are the original symbol indexes, so equal ranks pop leftmost
+// first, as in the array scan. ids is overwritten.
+func (m *bpe) mergeHeap(dst, ids []uint32) []uint32 {
+	n := len(ids)
 	next := make([]int32, n) // -1: last symbol
 	prev := make([]int32, n) // -1: first symbol
 	alive := make([]bool, n)
@@ -102,7 +129,7 @@ func (m *bpe) encodeHeap(dst []uint32, piece string) []uint32 {
 	pairMerged := make([]uint32, n)
 	h := make(mergeHeap, 0, n)
 	for i := 0; i < n; i++ {
-		ids[i], next[i], prev[i], alive[i] = m.byteID[piece[i]], int32(i+1), int32(i-1), true
+		next[i], prev[i], alive[i] = int32(i+1), int32(i-1), true
 	}
 	next[n-1] = -1
 	setPair := func(k int32) {

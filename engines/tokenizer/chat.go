@@ -1,10 +1,85 @@
 package tokenizer
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 
 	"github.com/ardanlabs/jinja"
 )
+
+// JSONValue is a JSON document given to a template as a variable (a
+// request's "tools", say) with its objects' key order kept: transformers
+// renders Python dicts, which keep the order of the request, and a
+// template's tojson writes keys in that order. A Go map would sort them and
+// change the prompt.
+type JSONValue []byte
+
+// jsonToValue decodes a JSON document into a template value, objects as
+// ordered dicts, integers as integers.
+func jsonToValue(raw []byte) (jinja.Value, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	v, err := decodeValue(dec, 0)
+	if err != nil {
+		return jinja.Undefined(), fmt.Errorf("tokenizer: template variable: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return jinja.Undefined(), fmt.Errorf("tokenizer: template variable: trailing data after the JSON value")
+	}
+	return v, nil
+}
+
+func decodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
+	if depth > 64 {
+		return jinja.Undefined(), errors.New("JSON nested deeper than 64")
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return jinja.Undefined(), err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '[':
+			var items []jinja.Value
+			for dec.More() {
+				v, err := decodeValue(dec, depth+1)
+				if err != nil {
+					return jinja.Undefined(), err
+				}
+				items = append(items, v)
+			}
+			if _, err := dec.Token(); err != nil {
+				return jinja.Undefined(), err
+			}
+			return jinja.NewList(items), nil
+		case '{':
+			d := jinja.NewDict()
+			for dec.More() {
+				k, err := dec.Token()
+				if err != nil {
+					return jinja.Undefined(), err
+				}
+				key, _ := k.(string)
+				v, err := decodeValue(dec, depth+1)
+				if err != nil {
+					return jinja.Undefined(), err
+				}
+				d.AsDict().Set(key, v)
+			}
+			if _, err := dec.Token(); err != nil {
+				return jinja.Undefined(), err
+			}
+			return d, nil
+		}
+		return jinja.Undefined(), fmt.Errorf("unexpected %v", t)
+	default:
+		return jinja.FromGoValue(t), nil
+	}
+}
 
 // JinjaRenderer renders a Hugging Face chat template (Jinja) with the
 // variables transformers' apply_chat_template passes: messages,
@@ -46,24 +121,37 @@ func (r *JinjaRenderer) Render(msgs []Message, addGenerationPrompt bool) (string
 // RenderWith is Render with extra template variables: a request's
 // chat_template_kwargs (e.g. "enable_thinking": false for Qwen3), which
 // engines pass to the template too and which change the prompt. Extra
-// variables override the defaults; nil means none. extra is not retained.
+// variables override the defaults; nil means none. A JSONValue keeps its
+// objects' key order (pass a request's "tools" that way). extra is not
+// retained.
 func (r *JinjaRenderer) RenderWith(msgs []Message, addGenerationPrompt bool, extra map[string]any) (string, error) {
-	list := make([]any, len(msgs))
+	list := make([]jinja.Value, len(msgs))
 	for i, m := range msgs {
-		list[i] = map[string]any{"role": m.Role, "content": m.Content}
+		d := jinja.NewDict()
+		d.AsDict().Set("role", jinja.NewString(m.Role))
+		d.AsDict().Set("content", jinja.NewString(m.Content))
+		list[i] = d
 	}
-	data := make(map[string]any, len(r.vars)+len(extra)+3)
+	data := make(map[string]jinja.Value, len(r.vars)+len(extra)+4)
 	for k, v := range r.vars {
-		data[k] = v
+		data[k] = jinja.NewString(v)
 	}
-	data["messages"] = list
-	data["add_generation_prompt"] = addGenerationPrompt
-	data["tools"] = nil
-	data["documents"] = nil
+	data["messages"] = jinja.NewList(list)
+	data["add_generation_prompt"] = jinja.NewBool(addGenerationPrompt)
+	data["tools"] = jinja.None()
+	data["documents"] = jinja.None()
 	for k, v := range extra {
-		data[k] = v
+		if raw, ok := v.(JSONValue); ok {
+			jv, err := jsonToValue(raw)
+			if err != nil {
+				return "", err
+			}
+			data[k] = jv
+			continue
+		}
+		data[k] = jinja.FromGoValue(v)
 	}
-	out, err := r.tpl.Render(data)
+	out, err := r.tpl.RenderValues(data)
 	if err != nil {
 		return "", fmt.Errorf("tokenizer: render chat template: %w", err)
 	}

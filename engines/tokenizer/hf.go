@@ -9,8 +9,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-
-	"golang.org/x/text/unicode/norm"
 )
 
 // ErrUnsupported classifies a tokenizer.json (or tokenizer_config.json)
@@ -23,23 +21,45 @@ var ErrUnsupported = errors.New("tokenizer: unsupported tokenizer component")
 // absent or has no chat_template.
 var ErrNoChatTemplate = errors.New("tokenizer: no chat template")
 
-// HF is a Hugging Face byte-level BPE tokenizer loaded from tokenizer.json,
-// with the BOS policy and chat template of the tokenizer_config.json beside
-// it. It is immutable after LoadHF and safe for concurrent use.
+// HF is a tokenizer loaded from a model's own files: a Hugging Face
+// tokenizer.json (byte-level BPE, or SentencePiece-style BPE over
+// characters with byte fallback) with the BOS policy and chat template of
+// the tokenizer_config.json beside it, or the vocabulary inside a GGUF file
+// (LoadGGUF). It is immutable after loading and safe for concurrent use.
 type HF struct {
-	name     string
-	model    bpe
-	nfc      bool     // normalizer: NFC, or none
-	split    splitter // nil: the whole segment is one piece
-	prefixSp bool     // ByteLevel add_prefix_space
-	// prefixEach: the space is added to each piece of a Split that runs
-	// before ByteLevel (the library applies ByteLevel to every piece);
-	// otherwise to each segment between added tokens, before ByteLevel's
-	// own regex.
-	prefixEach bool
-	added      addedMatcher
-	idToBytes  []string // raw bytes (or added-token text) of each id; "" if unused
-	idKnown    []bool
+	name  string
+	kind  modelKind
+	model bpe
+	norm  []normStep // normalizers, in order, on each segment between added tokens
+	// split is the pre-tokenizer before BPE (byte-level: the Split steps
+	// before ByteLevel; nil: the whole segment is one piece).
+	split splitter
+	// blRegex is ByteLevel's own regex (use_regex), applied after the
+	// prefix space; nil when ByteLevel does not split.
+	blRegex  splitter
+	prefixSp bool // ByteLevel add_prefix_space, applied to each piece of split
+	meta     metaspace
+	// ignoreMerges: a piece that is a vocabulary entry as a whole is that
+	// token (Llama-3's ignore_merges; llama.cpp sets it for its llama3
+	// pre-tokenizer type).
+	ignoreMerges bool
+	// pieceID maps a vocabulary entry to its id: raw bytes for byte-level
+	// BPE, the token text (with U+2581 for spaces) for the character kinds.
+	pieceID      map[string]uint32
+	byteTok      [256]uint32 // <0xXX> tokens of byte fallback
+	byteFallback bool
+	unkID        uint32
+	hasUnk       bool
+	scores       []float32 // kindSPM: the score of each id
+	// spacePrefix (kindSPM): a space before each text segment, which is
+	// always the first or follows an added token (llama.cpp's
+	// add_space_prefix with is_prev_special).
+	spacePrefix bool
+	spmWords    bool // kindSPM, kindCharBPE: words merge independently (spmWordsSafe)
+	stripLead   bool // Decode drops one leading space (SentencePiece decoders)
+	added       addedMatcher
+	idToBytes   []string // decoded bytes (or added-token text) of each id; "" if unused
+	idKnown     []bool
 
 	bosID          uint32
 	hasBOS, addBOS bool
@@ -49,6 +69,34 @@ type HF struct {
 	renderOnce sync.Once
 	renderer   Renderer
 	renderErr  error
+}
+
+// modelKind is the tokenization algorithm.
+type modelKind uint8
+
+const (
+	// kindByteBPE: GPT-2 style byte-level BPE (Qwen, Llama-3, GPT-2,
+	// DeepSeek, Falcon, StarCoder, EXAONE, ...).
+	kindByteBPE modelKind = iota
+	// kindCharBPE: BPE over Unicode characters with merges by rank and
+	// <0xXX> byte fallback, as tokenizer.json encodes SentencePiece BPE
+	// models (Llama-2, Mistral, Phi-3, Gemma-2).
+	kindCharBPE
+	// kindSPM: SentencePiece BPE from piece scores (a GGUF "llama"
+	// vocabulary), as llama.cpp's llm_tokenizer_spm merges: the adjacent
+	// pair whose concatenation is the highest-scoring piece first,
+	// leftmost among equal scores.
+	kindSPM
+)
+
+// metaspace is a Metaspace pre-tokenizer: spaces become the replacement
+// character, which is also put before the first (or every) segment, and
+// with split the text is cut before each replacement character.
+type metaspace struct {
+	on      bool
+	repl    string
+	prepend string // "always", "first" or "never"
+	split   bool
 }
 
 // hfFile is the subset of tokenizer.json that LoadHF reads.
@@ -66,6 +114,8 @@ type hfFile struct {
 		ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
 		EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
 		ByteFallback            bool              `json:"byte_fallback"`
+		UnkToken                *string           `json:"unk_token"`
+		FuseUnk                 bool              `json:"fuse_unk"`
 		IgnoreMerges            bool              `json:"ignore_merges"`
 	} `json:"model"`
 }
@@ -91,6 +141,14 @@ type hfComponent struct {
 	Invert         bool            `json:"invert"`
 	AddPrefixSpace bool            `json:"add_prefix_space"`
 	UseRegex       *bool           `json:"use_regex"`
+	Prepend        string          `json:"prepend"`
+	Content        string          `json:"content"`
+	Replacement    string          `json:"replacement"`
+	PrependScheme  string          `json:"prepend_scheme"`
+	Split          *bool           `json:"split"`
+	Decoders       []hfComponent   `json:"decoders"`
+	Start          int             `json:"start"`
+	Stop           int             `json:"stop"`
 	Single         []struct {
 		SpecialToken *struct {
 			ID string `json:"id"`
@@ -123,34 +181,43 @@ func LoadHF(path string) (*HF, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: load %s: %w", path, err)
 	}
-	t, err := parseHF(data)
+	dir := filepath.Dir(path)
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	cfg, err := os.ReadFile(cfgPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("tokenizer: load %s: %w", cfgPath, err)
+	}
+	// Newer model repositories keep the template in its own file; it is
+	// used when the config has none.
+	tplPath := filepath.Join(dir, "chat_template.jinja")
+	tpl, err := os.ReadFile(tplPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("tokenizer: load %s: %w", tplPath, err)
+	}
+	t, err := LoadHFBytes(strings.ReplaceAll(filepath.Base(dir), "__", "/"), data, cfg, string(tpl))
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: load %s: %w", path, err)
 	}
-	dir := filepath.Dir(path)
-	t.name = strings.ReplaceAll(filepath.Base(dir), "__", "/")
-	cfgPath := filepath.Join(dir, "tokenizer_config.json")
-	cfg, err := os.ReadFile(cfgPath)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		// No config: no BOS, no chat template.
-	case err != nil:
-		return nil, fmt.Errorf("tokenizer: load %s: %w", cfgPath, err)
-	default:
-		if err := t.applyConfig(cfg); err != nil {
-			return nil, fmt.Errorf("tokenizer: load %s: %w", cfgPath, err)
+	return t, nil
+}
+
+// LoadHFBytes is LoadHF on contents already in memory: tokenizer.json,
+// tokenizer_config.json (nil: none, so no BOS and no chat template from it)
+// and a chat_template.jinja used when the config has no template ("" for
+// none).
+func LoadHFBytes(name string, tokenizerJSON, configJSON []byte, chatTemplate string) (*HF, error) {
+	t, err := parseHF(tokenizerJSON)
+	if err != nil {
+		return nil, err
+	}
+	t.name = name
+	if configJSON != nil {
+		if err := t.applyConfig(configJSON); err != nil {
+			return nil, err
 		}
 	}
 	if t.chatTemplate == "" {
-		// Newer model repositories keep the template in its own file.
-		tplPath := filepath.Join(dir, "chat_template.jinja")
-		tpl, err := os.ReadFile(tplPath)
-		switch {
-		case err == nil:
-			t.chatTemplate = string(tpl)
-		case !errors.Is(err, os.ErrNotExist):
-			return nil, fmt.Errorf("tokenizer: load %s: %w", tplPath, err)
-		}
+		t.chatTemplate = chatTemplate
 	}
 	return t, nil
 }
@@ -163,20 +230,19 @@ func parseHF(data []byte) (*HF, error) {
 		return nil, fmt.Errorf("tokenizer: parse tokenizer.json: %w", err)
 	}
 	t := &HF{name: "hf"}
-	if err := t.setNormalizer(f.Normalizer); err != nil {
+	norm, err := parseNormalizer(f.Normalizer)
+	if err != nil {
 		return nil, err
+	}
+	t.norm = norm
+	if f.Model.ByteFallback || isMetaspace(f.PreTokenizer) || hasSentencePieceNorm(norm) {
+		t.kind = kindCharBPE
 	}
 	if err := t.setPreTokenizer(f.PreTokenizer); err != nil {
 		return nil, err
 	}
-	if len(f.Decoder) > 0 && string(f.Decoder) != "null" {
-		var d hfComponent
-		if err := json.Unmarshal(f.Decoder, &d); err != nil {
-			return nil, fmt.Errorf("tokenizer: parse decoder: %w", err)
-		}
-		if d.Type != "ByteLevel" {
-			return nil, fmt.Errorf("%w: decoder %q", ErrUnsupported, d.Type)
-		}
+	if err := t.setDecoder(f.Decoder); err != nil {
+		return nil, err
 	}
 	if err := t.setModel(&f); err != nil {
 		return nil, err
@@ -188,35 +254,77 @@ func parseHF(data []byte) (*HF, error) {
 	return t, nil
 }
 
-func (t *HF) setNormalizer(raw json.RawMessage) error {
+// isMetaspace reports whether the pre-tokenizer is (or contains) Metaspace.
+func isMetaspace(raw json.RawMessage) bool {
+	var c hfComponent
+	if json.Unmarshal(raw, &c) != nil {
+		return false
+	}
+	if c.Type == "Metaspace" {
+		return true
+	}
+	for _, p := range c.Pretokenizers {
+		if p.Type == "Metaspace" {
+			return true
+		}
+	}
+	return false
+}
+
+// hasSentencePieceNorm reports a normalizer that writes U+2581 for spaces:
+// the tokenizer.json form of a SentencePiece model.
+func hasSentencePieceNorm(steps []normStep) bool {
+	for _, s := range steps {
+		if s.op == normReplace && s.b == "\u2581" {
+			return true
+		}
+	}
+	return false
+}
+
+// setDecoder checks that the decoder is one Decode implements: ByteLevel
+// for byte-level BPE; for SentencePiece-style models Replace(U+2581 -> " "),
+// ByteFallback, Fuse, Strip(" ", 1, 0) and Metaspace, in a Sequence.
+func (t *HF) setDecoder(raw json.RawMessage) error {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil
 	}
-	var n hfComponent
-	if err := json.Unmarshal(raw, &n); err != nil {
-		return fmt.Errorf("tokenizer: parse normalizer: %w", err)
+	var d hfComponent
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return fmt.Errorf("tokenizer: parse decoder: %w", err)
 	}
-	var walk func(n hfComponent) error
-	walk = func(n hfComponent) error {
-		switch n.Type {
-		case "NFC":
-			t.nfc = true
-		case "Sequence":
-			for _, c := range n.Normalizers {
-				if err := walk(c); err != nil {
-					return err
-				}
+	steps := []hfComponent{d}
+	if d.Type == "Sequence" {
+		steps = d.Decoders
+	}
+	for _, s := range steps {
+		switch {
+		case s.Type == "ByteLevel" && t.kind == kindByteBPE:
+		case t.kind == kindCharBPE && (s.Type == "ByteFallback" || s.Type == "Fuse"):
+		case t.kind == kindCharBPE && s.Type == "Replace":
+			p, err := stringPattern(s.Pattern)
+			if err != nil || p != "\u2581" || s.Content != " " {
+				return fmt.Errorf("%w: decoder Replace other than U+2581 -> space", ErrUnsupported)
 			}
+		case t.kind == kindCharBPE && s.Type == "Strip":
+			if s.Content != " " || s.Start > 1 || s.Stop != 0 {
+				return fmt.Errorf("%w: decoder Strip other than one leading space", ErrUnsupported)
+			}
+			t.stripLead = s.Start == 1
+		case t.kind == kindCharBPE && s.Type == "Metaspace":
+			t.stripLead = s.PrependScheme != "never"
 		default:
-			return fmt.Errorf("%w: normalizer %q", ErrUnsupported, n.Type)
+			return fmt.Errorf("%w: decoder %q", ErrUnsupported, s.Type)
 		}
-		return nil
 	}
-	return walk(n)
+	return nil
 }
 
 func (t *HF) setPreTokenizer(raw json.RawMessage) error {
 	if len(raw) == 0 || string(raw) == "null" {
+		if t.kind == kindCharBPE {
+			return nil // SentencePiece style: the normalizer did the spaces
+		}
 		return fmt.Errorf("%w: no pre-tokenizer (a ByteLevel one is required)", ErrUnsupported)
 	}
 	var root hfComponent
@@ -227,57 +335,53 @@ func (t *HF) setPreTokenizer(raw json.RawMessage) error {
 	if root.Type == "Sequence" {
 		steps = root.Pretokenizers
 	}
-	var pattern string
+	var splits seqSplitter
 	byteLevel := false
 	for _, s := range steps {
+		if byteLevel || t.meta.on {
+			return fmt.Errorf("%w: pre-tokenizer %q after ByteLevel or Metaspace", ErrUnsupported, s.Type)
+		}
 		switch s.Type {
 		case "Split":
-			if pattern != "" || byteLevel {
-				return fmt.Errorf("%w: Split must come once, before ByteLevel", ErrUnsupported)
+			sp, err := newSplit(s)
+			if err != nil {
+				return err
 			}
-			var p struct {
-				Regex  *string `json:"Regex"`
-				String *string `json:"String"`
-			}
-			if err := json.Unmarshal(s.Pattern, &p); err != nil {
-				return fmt.Errorf("tokenizer: parse Split pattern: %w", err)
-			}
-			if p.Regex == nil || *p.Regex == "" || s.Behavior != "Isolated" || s.Invert {
-				return fmt.Errorf("%w: Split other than an Isolated, non-inverted regex", ErrUnsupported)
-			}
-			pattern = *p.Regex
+			splits = append(splits, sp)
 		case "ByteLevel":
-			if byteLevel {
-				return fmt.Errorf("%w: two ByteLevel pre-tokenizers", ErrUnsupported)
+			if t.kind != kindByteBPE {
+				return fmt.Errorf("%w: ByteLevel pre-tokenizer with a SentencePiece-style model", ErrUnsupported)
 			}
 			byteLevel = true
 			t.prefixSp = s.AddPrefixSpace
-			t.prefixEach = pattern != ""
 			// use_regex defaults to true in the library.
 			if s.UseRegex == nil || *s.UseRegex {
-				if pattern != "" {
-					return fmt.Errorf("%w: Split followed by a regex ByteLevel", ErrUnsupported)
-				}
-				pattern = gpt2Pattern
+				t.blRegex, _ = regexSplit(gpt2Pattern)
+			}
+		case "Metaspace":
+			t.meta = metaspace{on: true, repl: s.Replacement, prepend: s.PrependScheme, split: s.Split == nil || *s.Split}
+			if t.meta.repl == "" {
+				t.meta.repl = "\u2581"
+			}
+			if t.meta.prepend == "" { // files older than prepend_scheme
+				t.meta.prepend = map[bool]string{true: "always", false: "never"}[s.AddPrefixSpace]
+			}
+			if t.meta.prepend != "always" && t.meta.prepend != "first" && t.meta.prepend != "never" {
+				return fmt.Errorf("%w: Metaspace prepend_scheme %q", ErrUnsupported, t.meta.prepend)
 			}
 		default:
 			return fmt.Errorf("%w: pre-tokenizer %q", ErrUnsupported, s.Type)
 		}
 	}
-	if !byteLevel {
+	if t.kind == kindByteBPE && !byteLevel {
 		return fmt.Errorf("%w: pre-tokenizer without ByteLevel", ErrUnsupported)
 	}
-	switch pattern {
-	case "":
-		t.split = nil
-	case qwenPattern:
-		t.split = qwenScanner{}
+	switch len(splits) {
+	case 0:
+	case 1:
+		t.split = splits[0]
 	default:
-		rs, err := newRegexSplitter(pattern)
-		if err != nil {
-			return err
-		}
-		t.split = rs
+		t.split = splits
 	}
 	return nil
 }
@@ -291,21 +395,62 @@ func (t *HF) setModel(f *hfFile) error {
 		return fmt.Errorf("%w: BPE dropout", ErrUnsupported)
 	}
 	if (m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "") ||
-		(m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "") || m.ByteFallback || m.IgnoreMerges {
-		return fmt.Errorf("%w: BPE option (subword prefix/suffix, byte_fallback or ignore_merges)", ErrUnsupported)
+		(m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "") {
+		return fmt.Errorf("%w: BPE continuing_subword_prefix or end_of_word_suffix", ErrUnsupported)
+	}
+	if m.ByteFallback && t.kind != kindCharBPE {
+		return fmt.Errorf("%w: byte_fallback with a byte-level model", ErrUnsupported)
 	}
 	if len(m.Vocab) == 0 {
 		return fmt.Errorf("tokenizer: parse model: empty vocabulary")
 	}
-	rawToID := make(map[string]uint32, len(m.Vocab))
-	maxID := uint32(0)
+	t.ignoreMerges = m.IgnoreMerges
+	pairs, err := parseMerges(m.Merges)
+	if err != nil {
+		return err
+	}
+	entries := make([]vocabEntry, 0, len(m.Vocab))
 	for tok, id := range m.Vocab {
-		raw, ok := byteLevelDecode(tok)
+		entries = append(entries, vocabEntry{text: tok, id: id})
+	}
+	if t.kind == kindByteBPE {
+		err = t.setByteLevelVocab(entries, pairs)
+	} else {
+		err = t.setCharVocab(entries, pairs, m.ByteFallback)
+	}
+	if err != nil {
+		return err
+	}
+	if m.UnkToken != nil && *m.UnkToken != "" {
+		id, ok := m.Vocab[*m.UnkToken]
 		if !ok {
-			return fmt.Errorf("tokenizer: parse model: vocabulary entry %q is not byte-level", tok)
+			return fmt.Errorf("tokenizer: parse model: unk_token %q is not in the vocabulary", *m.UnkToken)
 		}
-		rawToID[raw] = id
-		maxID = max(maxID, id)
+		t.unkID, t.hasUnk = id, true
+	}
+	if t.kind == kindCharBPE && !t.byteFallback && !t.hasUnk {
+		return fmt.Errorf("%w: SentencePiece-style BPE with neither byte_fallback nor unk_token", ErrUnsupported)
+	}
+	return nil
+}
+
+type vocabEntry struct {
+	text string
+	id   uint32
+}
+
+// setByteLevelVocab installs a byte-level vocabulary (entries in the
+// printable byte alphabet) and its merges (token text pairs, by rank).
+func (t *HF) setByteLevelVocab(entries []vocabEntry, pairs [][2]string) error {
+	rawToID := make(map[string]uint32, len(entries))
+	maxID := uint32(0)
+	for _, e := range entries {
+		raw, ok := byteLevelDecode(e.text)
+		if !ok {
+			return fmt.Errorf("tokenizer: parse model: vocabulary entry %q is not byte-level", e.text)
+		}
+		rawToID[raw] = e.id
+		maxID = max(maxID, e.id)
 	}
 	if maxID > 1<<24 {
 		return fmt.Errorf("tokenizer: parse model: id %d out of range", maxID)
@@ -315,22 +460,90 @@ func (t *HF) setModel(f *hfFile) error {
 	for raw, id := range rawToID {
 		t.idToBytes[id], t.idKnown[id] = raw, true
 	}
+	missing := 0
 	for b := 0; b < 256; b++ {
 		id, ok := rawToID[string([]byte{byte(b)})]
 		if !ok {
-			return fmt.Errorf("tokenizer: parse model: byte 0x%02x has no token", b)
+			// Some vocabularies (Falcon, StarCoder, MPT) lack bytes that
+			// valid UTF-8 never has (0xC0, 0xC1, ...) or rare controls.
+			// Both the Hugging Face library and llama.cpp drop such a byte
+			// when no merge covers it; the sentinel has no merges and is
+			// dropped after merging.
+			id = noByte
+			t.model.hasMissing = true
+			missing++
 		}
 		t.model.byteID[b] = id
 	}
-	pairs, err := parseMerges(m.Merges)
-	if err != nil {
-		return err
+	if missing > 64 {
+		return fmt.Errorf("tokenizer: parse model: %d of the 256 bytes have no token: not a byte-level vocabulary", missing)
 	}
+	if t.ignoreMerges {
+		t.pieceID = rawToID
+	}
+	return t.setMerges(pairs, func(tok string) (uint32, bool) {
+		raw, ok := byteLevelDecode(tok)
+		if !ok {
+			return 0, false
+		}
+		id, ok := rawToID[raw]
+		return id, ok
+	})
+}
+
+// setCharVocab installs a SentencePiece-style vocabulary: token texts with
+// U+2581 for a space, <0xXX> byte tokens when byteFallback is set.
+func (t *HF) setCharVocab(entries []vocabEntry, pairs [][2]string, byteFallback bool) error {
+	t.pieceID = make(map[string]uint32, len(entries))
+	maxID := uint32(0)
+	for _, e := range entries {
+		t.pieceID[e.text] = e.id
+		maxID = max(maxID, e.id)
+	}
+	if maxID > 1<<24 {
+		return fmt.Errorf("tokenizer: parse model: id %d out of range", maxID)
+	}
+	t.idToBytes = make([]string, maxID+1)
+	t.idKnown = make([]bool, maxID+1)
+	for _, e := range entries {
+		t.idToBytes[e.id], t.idKnown[e.id] = pieceBytes(e.text), true
+	}
+	if byteFallback {
+		if err := t.setByteTokens(); err != nil {
+			return err
+		}
+	}
+	t.spmWords = spmWordsSafe(t.pieceID)
+	return t.setMerges(pairs, func(tok string) (uint32, bool) {
+		id, ok := t.pieceID[tok]
+		return id, ok
+	})
+}
+
+// setByteTokens finds the 256 <0xXX> tokens of byte fallback in pieceID.
+func (t *HF) setByteTokens() error {
+	for b := 0; b < 256; b++ {
+		id, ok := t.pieceID[fmt.Sprintf("<0x%02X>", b)]
+		if !ok {
+			return fmt.Errorf("tokenizer: parse model: byte fallback token <0x%02X> is missing", b)
+		}
+		t.byteTok[b] = id
+		t.idToBytes[id] = string([]byte{byte(b)})
+	}
+	t.byteFallback = true
+	return nil
+}
+
+// pieceBytes is the text a SentencePiece piece stands for (U+2581 is a
+// space).
+func pieceBytes(p string) string { return strings.ReplaceAll(p, "\u2581", " ") }
+
+func (t *HF) setMerges(pairs [][2]string, idOf func(string) (uint32, bool)) error {
 	t.model.merges = make(map[uint64]uint64, len(pairs))
 	for rank, p := range pairs {
-		l, lok := m.Vocab[p[0]]
-		r, rok := m.Vocab[p[1]]
-		merged, mok := m.Vocab[p[0]+p[1]]
+		l, lok := idOf(p[0])
+		r, rok := idOf(p[1])
+		merged, mok := idOf(p[0] + p[1])
 		if !lok || !rok || !mok {
 			return fmt.Errorf("tokenizer: parse model: merge %d (%q %q) names a token not in the vocabulary", rank, p[0], p[1])
 		}
@@ -498,6 +711,16 @@ func (t *HF) tokenID(text string) (uint32, bool) {
 // Name implements Tokenizer.
 func (t *HF) Name() string { return t.name }
 
+// CutsBefore reports whether text is an added token in front of which a
+// prompt may be cut and the two parts encoded apart with the same ids as
+// the whole: an added token that does not absorb the whitespace before it
+// (lstrip). Text is split at added tokens before anything else, so nothing
+// else crosses such a cut.
+func (t *HF) CutsBefore(text string) bool {
+	_, ok := t.added.idOf(text)
+	return ok && !t.added.stripsLeft(text)
+}
+
 // BOS reports the beginning-of-sequence token and whether the engine
 // prepends it to a prompt (tokenizer_config's add_bos_token with a
 // bos_token set). Encode never adds it; the caller applies this policy.
@@ -510,15 +733,17 @@ func (t *HF) BOS() (id uint32, add bool) {
 }
 
 // Encode implements Tokenizer: added-token text is recognised as its id
-// (leftmost, longest match first), the text between is NFC-normalized when
-// the tokenizer says so, pre-tokenized and BPE-encoded. No BOS/EOS is added.
+// (leftmost, longest match first), the text between is normalized,
+// pre-tokenized and BPE-encoded. No BOS/EOS is added.
 func (t *HF) Encode(dst []uint32, text string) []uint32 {
+	first := true
 	t.added.each(text, func(seg string, id uint32, isAdded bool) {
 		if isAdded {
 			dst = append(dst, id)
-			return
+		} else {
+			dst = t.encodeSegment(dst, seg, first)
 		}
-		dst = t.encodeOrdinary(dst, seg)
+		first = false
 	})
 	return dst
 }
@@ -526,21 +751,78 @@ func (t *HF) Encode(dst []uint32, text string) []uint32 {
 // encodeOrdinary encodes text with no added-token recognition (the library's
 // encode_special_tokens=true behaviour, which engines do not use).
 func (t *HF) encodeOrdinary(dst []uint32, seg string) []uint32 {
-	if t.nfc {
-		seg = norm.NFC.String(seg)
-	}
-	if t.prefixSp && !t.prefixEach {
-		seg = withPrefixSpace(seg)
-	}
-	if t.split == nil {
-		return t.model.encode(dst, seg)
-	}
-	if t.prefixSp && t.prefixEach {
-		t.split.split(seg, func(piece string) { dst = t.model.encode(dst, withPrefixSpace(piece)) })
+	return t.encodeSegment(dst, seg, true)
+}
+
+// encodeSegment encodes one segment between added tokens; first reports
+// that it starts the text (Metaspace's prepend_scheme "first").
+func (t *HF) encodeSegment(dst []uint32, seg string, first bool) []uint32 {
+	if seg == "" {
 		return dst
 	}
-	t.split.split(seg, func(piece string) { dst = t.model.encode(dst, piece) })
+	seg = applyNorm(t.norm, seg)
+	switch t.kind {
+	case kindSPM:
+		if t.spacePrefix {
+			seg = " " + seg
+		}
+		return t.spmEncode(dst, strings.ReplaceAll(seg, " ", "\u2581"))
+	case kindCharBPE:
+		if t.meta.on {
+			seg = strings.ReplaceAll(seg, " ", t.meta.repl)
+			if (t.meta.prepend == "always" || (t.meta.prepend == "first" && first)) && !strings.HasPrefix(seg, t.meta.repl) {
+				seg = t.meta.repl + seg
+			}
+		}
+		emit := func(p string) { dst = t.charBPE(dst, p) }
+		if t.meta.on && t.meta.split {
+			inner := emit
+			emit = func(p string) { splitBefore(p, t.meta.repl, inner) }
+		}
+		if t.split != nil {
+			t.split.split(seg, emit)
+		} else {
+			emit(seg)
+		}
+		return dst
+	}
+	piece := func(p string) {
+		if t.ignoreMerges {
+			if id, ok := t.pieceID[p]; ok {
+				dst = append(dst, id)
+				return
+			}
+		}
+		dst = t.model.encode(dst, p)
+	}
+	emit := piece
+	if t.blRegex != nil {
+		emit = func(p string) { t.blRegex.split(p, piece) }
+	}
+	if t.prefixSp {
+		inner := emit
+		emit = func(p string) { inner(withPrefixSpace(p)) }
+	}
+	if t.split == nil {
+		emit(seg)
+	} else {
+		t.split.split(seg, emit)
+	}
 	return dst
+}
+
+// splitBefore cuts s before each occurrence of sep (a Split with behavior
+// MergedWithNext, which Metaspace uses).
+func splitBefore(s, sep string, fn func(string)) {
+	for s != "" {
+		i := strings.Index(s[1:], sep)
+		if i < 0 {
+			fn(s)
+			return
+		}
+		fn(s[:i+1])
+		s = s[i+1:]
+	}
 }
 
 // withPrefixSpace is ByteLevel's add_prefix_space: a space before text that
@@ -570,7 +852,11 @@ func (t *HF) Decode(ids []uint32) string {
 			b.WriteString(t.idToBytes[id])
 		}
 	}
-	return b.String()
+	out := b.String()
+	if t.stripLead && strings.HasPrefix(out, " ") {
+		out = out[1:]
+	}
+	return out
 }
 
 // addedMatcher finds added tokens in text, leftmost first and, among those
@@ -594,6 +880,20 @@ func newAddedMatcher(toks []hfAddedToken) addedMatcher {
 		sort.SliceStable(c, func(i, j int) bool { return len(c[i].Content) > len(c[j].Content) })
 	}
 	return m
+}
+
+// stripsLeft reports whether text is an added token that absorbs the
+// whitespace before it (lstrip).
+func (m *addedMatcher) stripsLeft(text string) bool {
+	if len(text) == 0 {
+		return false
+	}
+	for _, a := range m.byByte[text[0]] {
+		if a.Content == text {
+			return a.Lstrip
+		}
+	}
+	return false
 }
 
 func (m *addedMatcher) idOf(text string) (uint32, bool) {
@@ -643,3 +943,9 @@ func (m *addedMatcher) each(text string, fn func(seg string, id uint32, isAdded 
 }
 
 var _ Tokenizer = (*HF)(nil)
+
+// isSpace is the whitespace an lstrip/rstrip added token absorbs. The
+// Hugging Face library strips Unicode whitespace; only ASCII whitespace is
+// handled here (no catalog model's lstrip/rstrip token sits next to other
+// whitespace in its chat template).
+func isSpace(b byte) bool { return b == ' ' || b == '\n' || b == '\t' || b == '\r' }

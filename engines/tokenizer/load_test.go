@@ -274,6 +274,12 @@ func TestLoadHFErrors(t *testing.T) {
 		{name: "split without byte level", spec: tinySpec{preTokenizer: seq(map[string]any{"type": "Split", "pattern": map[string]any{"Regex": "a"}, "behavior": "Isolated"})}, unsupported: true},
 		{name: "split removed behaviour", spec: tinySpec{preTokenizer: seq(map[string]any{"type": "Split", "pattern": map[string]any{"Regex": "a"}, "behavior": "Removed"}, byteLevel)}, unsupported: true},
 		{name: "bad split regex", spec: tinySpec{preTokenizer: seq(map[string]any{"type": "Split", "pattern": map[string]any{"Regex": "(("}, "behavior": "Isolated"}, byteLevel)}},
+		{name: "regex replace normalizer", spec: tinySpec{normalizer: map[string]any{"type": "Replace", "pattern": map[string]any{"Regex": " +"}, "content": " "}}, unsupported: true},
+		{name: "split merged with next", spec: tinySpec{preTokenizer: seq(map[string]any{"type": "Split", "pattern": map[string]any{"String": "x"}, "behavior": "MergedWithNext"}, byteLevel)}, unsupported: true},
+		{name: "inverted split", spec: tinySpec{preTokenizer: seq(map[string]any{"type": "Split", "pattern": map[string]any{"Regex": "a"}, "behavior": "Isolated", "invert": true}, byteLevel)}, unsupported: true},
+		{name: "metaspace bad scheme", data: `{"model":{"type":"BPE","vocab":{"a":0,"<0x00>":1},"merges":[],"byte_fallback":true,"unk_token":"a"},"pre_tokenizer":{"type":"Metaspace","replacement":"▁","prepend_scheme":"sometimes"}}`, unsupported: true},
+		{name: "byte fallback without byte tokens", data: `{"model":{"type":"BPE","vocab":{"a":0},"merges":[],"byte_fallback":true},"pre_tokenizer":{"type":"Metaspace","replacement":"▁","prepend_scheme":"first"}}`},
+		{name: "unknown decoder", data: `{"model":{"type":"BPE","vocab":{"a":0},"merges":[],"unk_token":"a"},"normalizer":{"type":"Replace","pattern":{"String":" "},"content":"▁"},"decoder":{"type":"CTC"}}`, unsupported: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

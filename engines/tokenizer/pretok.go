@@ -22,6 +22,12 @@ type splitter interface {
 // qwenScanner implements exactly this pattern by hand.
 const qwenPattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 
+// llama3Pattern is the Split pre-tokenizer regex of the Llama-3.x
+// tokenizers (Qwen's with digit runs of up to three); llama.cpp's
+// llama-vocab.cpp quotes it as the "original regex from tokenizer.json" of
+// its LLAMA3 pre-tokenizer type.
+const llama3Pattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
 // gpt2Pattern is the regex the ByteLevel pre-tokenizer applies when its
 // use_regex flag is set (GPT-2 and RoBERTa style tokenizers).
 const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
@@ -72,15 +78,19 @@ func runeAt(s string, i int) (r rune, w int, cls uint8) {
 	return r, w, classOf(r)
 }
 
-// qwenScanner is a hand-written matcher for qwenPattern. It reproduces the
-// regex's leftmost-first alternation, including the backtracking of
-// `\s*[\r\n]+` and `\s+(?!\S)`; the fuzz target FuzzQwenScannerMatchesRegex
-// checks it against regexp2 running the pattern itself.
-type qwenScanner struct{}
+// qwenScanner is a hand-written matcher for qwenPattern (digits 1) and
+// llama3Pattern (digits 3), which differ only in `\p{N}` versus
+// `\p{N}{1,3}`. It reproduces the regex's leftmost-first alternation,
+// including the backtracking of `\s*[\r\n]+` and `\s+(?!\S)`; the fuzz
+// target FuzzQwenScannerMatchesRegex checks it against regexp2 running the
+// patterns themselves.
+type qwenScanner struct {
+	digits int // most number runes in one piece
+}
 
-func (qwenScanner) split(s string, fn func(piece string)) {
+func (q qwenScanner) split(s string, fn func(piece string)) {
 	for i := 0; i < len(s); {
-		j := qwenPieceEnd(s, i)
+		j := qwenPieceEnd(s, i, q.digits)
 		fn(s[i:j])
 		i = j
 	}
@@ -89,7 +99,7 @@ func (qwenScanner) split(s string, fn func(piece string)) {
 // qwenPieceEnd returns the end of the pattern's match starting at i < len(s).
 // The pattern matches every character, so a match always starts at i and is
 // never empty.
-func qwenPieceEnd(s string, i int) int {
+func qwenPieceEnd(s string, i, digits int) int {
 	r, w, cls := runeAt(s, i)
 	// (?i:'s|'t|'re|'ve|'m|'ll|'d)
 	if r == '\'' && i+1 < len(s) {
@@ -108,9 +118,17 @@ func qwenPieceEnd(s string, i int) int {
 			}
 		}
 	}
-	// \p{N}
+	// \p{N} or \p{N}{1,3}
 	if cls == clsNumber {
-		return i + w
+		j := i + w
+		for k := 1; k < digits && j < len(s); k++ {
+			_, w2, c2 := runeAt(s, j)
+			if c2 != clsNumber {
+				break
+			}
+			j += w2
+		}
+		return j
 	}
 	// ` ?[^\s\p{L}\p{N}]+[\r\n]*`
 	start := -1
@@ -255,5 +273,115 @@ func (rs *regexSplitter) split(s string, fn func(piece string)) {
 	// as one piece rather than dropping text.
 	if pos < len(s) {
 		fn(s[pos:])
+	}
+}
+
+// gpt2NoTailPattern is gpt2Pattern without its final `|\s+`, as llama.cpp
+// writes the GPT-2 split (llama-vocab.cpp); the two split every text the
+// same way (a lone whitespace rune that `\s+(?!\S)` rejects is a piece of
+// its own either way), so one scanner serves both.
+const gpt2NoTailPattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`
+
+// gpt2Scanner is a hand-written matcher for gpt2Pattern (and
+// gpt2NoTailPattern): case-sensitive contractions, then an optional space
+// before a run of letters, of numbers or of other symbols, then whitespace
+// runs that leave their last rune to the next piece. The fuzz target
+// FuzzQwenScannerMatchesRegex checks it against regexp2 running both patterns.
+type gpt2Scanner struct{}
+
+func (gpt2Scanner) split(s string, fn func(piece string)) {
+	for i := 0; i < len(s); {
+		j := gpt2PieceEnd(s, i)
+		fn(s[i:j])
+		i = j
+	}
+}
+
+// classRunEnd returns the end of the run of runes of class cls from j.
+func classRunEnd(s string, j int, cls uint8) int {
+	if cls == clsLetter {
+		return letterRunEnd(s, j)
+	}
+	for j < len(s) {
+		_, w, c := runeAt(s, j)
+		if c != cls {
+			break
+		}
+		j += w
+	}
+	return j
+}
+
+func gpt2PieceEnd(s string, i int) int {
+	_, w, cls := runeAt(s, i)
+	// 's|'t|'re|'ve|'m|'ll|'d (case-sensitive)
+	if s[i] == '\'' && i+1 < len(s) {
+		switch s[i+1] {
+		case 's', 't', 'm', 'd':
+			return i + 2
+		case 'r', 'v':
+			if i+2 < len(s) && s[i+2] == 'e' {
+				return i + 3
+			}
+		case 'l':
+			if i+2 < len(s) && s[i+2] == 'l' {
+				return i + 3
+			}
+		}
+	}
+	// ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`
+	switch cls {
+	case clsLetter, clsNumber, clsOther:
+		return classRunEnd(s, i+w, cls)
+	}
+	if s[i] == ' ' && i+1 < len(s) {
+		if _, w2, c2 := runeAt(s, i+1); c2 == clsLetter || c2 == clsNumber || c2 == clsOther {
+			return classRunEnd(s, i+1+w2, c2)
+		}
+	}
+	// Whitespace: `\s+(?!\S)` takes the run, or all of it but its last rune
+	// when a non-space follows; a lone rune before a non-space is `\s+`.
+	j, lastStart := i, i
+	for j < len(s) {
+		_, w2, c2 := runeAt(s, j)
+		if c2 != clsSpace && c2 != clsNewline {
+			break
+		}
+		lastStart = j
+		j += w2
+	}
+	if j == len(s) || lastStart == i {
+		return j
+	}
+	return lastStart
+}
+
+// numberSplitter is the Isolated split on `\p{N}` (each number rune a piece
+// of its own; run false) or `\p{N}+` (runs of them; run true), the text
+// between them pieces too. The digit splits of StarCoder, EXAONE and
+// DeepSeek vocabularies come first in their sequences, so this is on every
+// token's path.
+type numberSplitter struct{ run bool }
+
+func (n numberSplitter) split(s string, fn func(piece string)) {
+	gap := 0
+	for i := 0; i < len(s); {
+		_, w, cls := runeAt(s, i)
+		if cls != clsNumber {
+			i += w
+			continue
+		}
+		if gap < i {
+			fn(s[gap:i])
+		}
+		j := i + w
+		if n.run {
+			j = classRunEnd(s, j, clsNumber)
+		}
+		fn(s[i:j])
+		i, gap = j, j
+	}
+	if gap < len(s) {
+		fn(s[gap:])
 	}
 }

@@ -26,7 +26,7 @@ func qwen3Regexp2(tb testing.TB) *HF {
 	if err != nil {
 		tb.Fatalf("newRegexSplitter: %v", err)
 	}
-	c := &HF{name: base.name, model: base.model, nfc: base.nfc, split: rs, added: base.added, idToBytes: base.idToBytes, idKnown: base.idKnown}
+	c := &HF{name: base.name, model: base.model, norm: base.norm, split: rs, added: base.added, idToBytes: base.idToBytes, idKnown: base.idKnown}
 	return c
 }
 
@@ -42,7 +42,7 @@ func TestScannerMatchesRegexp2(t *testing.T) {
 				t.Errorf("regexp2 Encode(%q)\n got %v\nwant %v", tc.Text, got, tc.IDs)
 			}
 			var a, b []string
-			qwenScanner{}.split(tc.Text, func(p string) { a = append(a, p) })
+			qwenScanner{digits: 1}.split(tc.Text, func(p string) { a = append(a, p) })
 			viaRegex.split.split(tc.Text, func(p string) { b = append(b, p) })
 			if !slices.Equal(a, b) {
 				t.Errorf("pieces differ\nscanner %q\nregexp2 %q", a, b)
@@ -117,13 +117,16 @@ func FuzzEncodeRoundTrip(f *testing.F) {
 	})
 }
 
-// FuzzQwenScannerMatchesRegex checks the hand-written scanner against
-// regexp2 running the pattern itself, on valid UTF-8 (the library's input is
+// FuzzQwenScannerMatchesRegex checks the hand-written scanners (Qwen,
+// Llama-3, GPT-2) against regexp2 running their patterns, on valid UTF-8 (the library's input is
 // always valid UTF-8; invalid bytes have no reference behaviour).
 func FuzzQwenScannerMatchesRegex(f *testing.F) {
-	rs, err := newRegexSplitter(qwenPattern)
-	if err != nil {
-		f.Fatal(err)
+	res := make([]*regexSplitter, len(scannerPatterns))
+	for i, sc := range scannerPatterns {
+		var err error
+		if res[i], err = newRegexSplitter(sc.pattern); err != nil {
+			f.Fatal(err)
+		}
 	}
 	for _, s := range []string{"It'S a  test\r\n\n  x", "  ", "a\u00a0\u00a0b", "'ll'LL'Re", "x ...\n\n", "١٢ abc", "\t\tfoo"} {
 		f.Add(s)
@@ -132,11 +135,13 @@ func FuzzQwenScannerMatchesRegex(f *testing.F) {
 		if !utf8.ValidString(s) {
 			return
 		}
-		var a, b []string
-		qwenScanner{}.split(s, func(p string) { a = append(a, p) })
-		rs.split(s, func(p string) { b = append(b, p) })
-		if !slices.Equal(a, b) {
-			t.Fatalf("split(%q)\nscanner %q\nregexp2 %q", s, a, b)
+		for i, sc := range scannerPatterns {
+			var a, b []string
+			sc.scanner.split(s, func(p string) { a = append(a, p) })
+			res[i].split(s, func(p string) { b = append(b, p) })
+			if !slices.Equal(a, b) {
+				t.Fatalf("%s: split(%q)\nscanner %q\nregexp2 %q", sc.name, s, a, b)
+			}
 		}
 	})
 }
@@ -171,25 +176,44 @@ func FuzzParseHF(f *testing.F) {
 // contraction letters (with the long s), digits, punctuation, combining
 // marks and non-Latin letters. The seed is fixed, so a failure reproduces.
 func TestScannerMatchesRegexp2Random(t *testing.T) {
-	rs, err := newRegexSplitter(qwenPattern)
-	if err != nil {
-		t.Fatal(err)
+	alpha := []rune{'a', 'B', ' ', ' ', '\n', '\r', '\t', '\'', 's', 'L', 'e', 'l', 'r', 'v', 'd', 'm', 't', '1', '2', '3', '4', '.', '!', '\u00a0', 'é', '中', '\u2028', '\u0301', '🙂', '\v', '\f', 0x85, 0x17F, '٣'}
+	for _, sc := range scannerPatterns {
+		t.Run(sc.name, func(t *testing.T) {
+			rs, err := newRegexSplitter(sc.pattern)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			for iter := 0; iter < 20000; iter++ {
+				r := make([]rune, rng.IntN(40))
+				for i := range r {
+					r[i] = alpha[rng.IntN(len(alpha))]
+				}
+				s := string(r)
+				var a, b []string
+				sc.scanner.split(s, func(p string) { a = append(a, p) })
+				rs.split(s, func(p string) { b = append(b, p) })
+				if !slices.Equal(a, b) {
+					t.Fatalf("split(%q)\nscanner %q\nregexp2 %q", s, a, b)
+				}
+			}
+		})
 	}
-	alpha := []rune{'a', 'B', ' ', ' ', '\n', '\r', '\t', '\'', 's', 'L', 'e', '1', '.', '!', '\u00a0', 'é', '中', '\u2028', '\u0301', '🙂', '\v', '\f', 0x85, 0x17F}
-	rng := rand.New(rand.NewPCG(1, 2))
-	for iter := 0; iter < 20000; iter++ {
-		r := make([]rune, rng.IntN(40))
-		for i := range r {
-			r[i] = alpha[rng.IntN(len(alpha))]
-		}
-		s := string(r)
-		var a, b []string
-		qwenScanner{}.split(s, func(p string) { a = append(a, p) })
-		rs.split(s, func(p string) { b = append(b, p) })
-		if !slices.Equal(a, b) {
-			t.Fatalf("split(%q)\nscanner %q\nregexp2 %q", s, a, b)
-		}
-	}
+}
+
+// scannerPatterns pairs each hand-written scanner with the pattern(s) it
+// implements.
+var scannerPatterns = []struct {
+	name    string
+	scanner splitter
+	pattern string
+}{
+	{"qwen", qwenScanner{digits: 1}, qwenPattern},
+	{"llama3", qwenScanner{digits: 3}, llama3Pattern},
+	{"gpt2", gpt2Scanner{}, gpt2Pattern},
+	{"gpt2 llama.cpp", gpt2Scanner{}, gpt2NoTailPattern},
+	{"digit", numberSplitter{}, `\p{N}`},
+	{"digits", numberSplitter{run: true}, `\p{N}+`},
 }
 
 // TestBPEHeapMatchesScan checks the heap-based merge used for long pieces
@@ -216,8 +240,12 @@ func TestBPEHeapMatchesScan(t *testing.T) {
 					b[i] = tc.alpha[rng.IntN(len(tc.alpha))]
 				}
 				piece := string(b)
-				scan := m.encodeScan(nil, piece)
-				heap := m.encodeHeap(nil, piece)
+				ids := make([]uint32, len(piece))
+				for i := range ids {
+					ids[i] = m.byteID[piece[i]]
+				}
+				scan := m.mergeScan(slices.Clone(ids))
+				heap := m.mergeHeap(nil, ids)
 				if !slices.Equal(scan, heap) {
 					t.Fatalf("piece %q\nscan %v\nheap %v", piece, scan, heap)
 				}
@@ -296,7 +324,7 @@ func TestScannerEdgeCases(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var got, viaRegex []string
-			qwenScanner{}.split(tc.text, func(p string) { got = append(got, p) })
+			qwenScanner{digits: 1}.split(tc.text, func(p string) { got = append(got, p) })
 			rs.split(tc.text, func(p string) { viaRegex = append(viaRegex, p) })
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("scanner split(%q) = %q, want %q", tc.text, got, tc.want)

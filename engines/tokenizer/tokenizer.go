@@ -12,7 +12,7 @@ package tokenizer
 // and never adds BOS/EOS: whether a model's engine prepends a BOS is the
 // caller's per-model policy (see BOS).
 type Tokenizer interface {
-	// Name identifies the tokenizer in logs and status (e.g. "builtin",
+	// Name identifies the tokenizer in logs and status (e.g.
 	// "Qwen/Qwen3-0.6B").
 	Name() string
 	// Encode appends the ids of text to dst and returns the extended slice.

@@ -13,6 +13,8 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/kvhash"
+	_ "github.com/llmgw/llmgw/engines/all" // the adapters engines.For reads
+	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
 // Limits enforced by Admit.
@@ -574,22 +576,36 @@ func checkKVFields(r *Rule) *AdmissionError {
 	return nil
 }
 
+// checkTokenizer: a KV-exact rule hashes the engine's token ids, so it needs
+// the model's real tokenizer: a tokenizer.json or .gguf file, a models
+// directory holding the model's snapshot, or "engine" (the workers'
+// /tokenize). Without one every lookup would hash the wrong tokens and miss
+// silently; such a rule is refused. The path is resolved here (file system
+// only; the tokenizer is loaded when the rule is applied).
 func checkTokenizer(r *Rule) *AdmissionError {
+	const what = "give kvTokenizer: the path of the model's tokenizer.json or .gguf file on the gateway host, a models directory holding the model's snapshot (<org>__<name>/, <org>/<name>/ or the Hugging Face cache layout models--<org>--<name>/snapshots/), or \"engine\" to ask the workers' /tokenize"
 	switch r.KVTokenizer {
-	case "", "builtin", "engine":
+	case "engine":
+		// The engine's adapter says whether it has a tokenize endpoint
+		// (SGLang and TensorRT-LLM have none).
+		a, err := engines.For(engines.Kind(engineOf(r)))
+		if err != nil {
+			return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer \"engine\": %v", err)
+		}
+		if a.Surfaces().Tokenize == "" {
+			return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer \"engine\": %s has no tokenize endpoint; give the path of the model's tokenizer.json or .gguf file, or a models directory holding its snapshot", a.Display())
+		}
+		return nil
+	case "builtin":
+		return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer \"builtin\" (a made-up tokenizer) is gone: its ids match no engine; %s", what)
+	case "":
+		if r.KVExactMode != 0 {
+			return bad(CodeKVTokenizer, "kvTokenizer", "KV-exact routing (kvExactMode %d) hashes the engine's token ids and needs the model's tokenizer: %s", r.KVExactMode, what)
+		}
 		return nil
 	}
-	f, err := os.Open(r.KVTokenizer)
-	if err != nil {
-		return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer must be \"builtin\", \"engine\" or a readable tokenizer.json path on the gateway host: %v", err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err == nil && st.IsDir() {
-		err = errors.New("is a directory")
-	}
-	if err != nil {
-		return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer %q: %v", truncate(r.KVTokenizer, 200), err)
+	if _, err := tokenizer.Resolve(r.KVTokenizer, r.ModelName); err != nil {
+		return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer %q: %v; %s", truncate(r.KVTokenizer, 200), err, what)
 	}
 	return nil
 }

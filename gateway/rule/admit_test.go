@@ -53,6 +53,18 @@ func TestAdmitRules(t *testing.T) {
 	if err := os.WriteFile(tokFile, []byte(`{}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A models directory with the snapshot of "org/m" in each layout
+	// Resolve knows; admission only resolves, it does not load.
+	models := t.TempDir()
+	for _, dir := range []string{"slug/org__m", "nested/org/m", "hub/models--org--m/snapshots/abc123"} {
+		if err := os.MkdirAll(filepath.Join(models, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(models, dir, "tokenizer.json"), []byte(`{}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kvExact := func(r *Rule) { r.Sel = 8; r.KVEngineType = "vllm"; r.KVExactMode = 3; r.ModelName = "org/m" }
 	tests := []struct {
 		name     string
 		base     func() *Rule
@@ -174,9 +186,9 @@ func TestAdmitRules(t *testing.T) {
 		{name: "zmq replay port fits", base: plainRule, mutate: func(r *Rule) { r.KVZmqPort = 64535 }},
 		{name: "zmq replay port overflows with ranks", base: plainRule, mutate: func(r *Rule) { r.KVZmqPort = 64535; r.KVDpRankCount = 2 }, wantCode: CodeKVZmqPort},
 		{name: "warmup negative", base: plainRule, mutate: func(r *Rule) { r.KVWarmupSec = -1 }, wantCode: CodeKVWarmupSec},
-		{name: "hit share quarter", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare = 3, 8, share(0.25) }},
-		{name: "hit share zero counts any block", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare = 3, 8, share(0) }},
-		{name: "hit share whole prompt", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare = 3, 8, share(1) }},
+		{name: "hit share quarter", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare, r.KVTokenizer = 3, 8, share(0.25), "engine" }},
+		{name: "hit share zero counts any block", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare, r.KVTokenizer = 3, 8, share(0), "engine" }},
+		{name: "hit share whole prompt", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare, r.KVTokenizer = 3, 8, share(1), "engine" }},
 		{name: "hit share over one", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare = 3, 8, share(1.5) }, wantCode: CodeKVHitMinShare, wantField: "kvHitMinShare"},
 		{name: "hit share negative", base: plainRule, mutate: func(r *Rule) { r.KVExactMode, r.Sel, r.KVHitMinShare = 3, 8, share(-0.1) }, wantCode: CodeKVHitMinShare},
 		{name: "hit share without kv-exact", base: plainRule, mutate: func(r *Rule) { r.KVHitMinShare = share(0.5) }, wantCode: CodeKVHitMinShare},
@@ -184,6 +196,17 @@ func TestAdmitRules(t *testing.T) {
 		{name: "tokenizer directory", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = t.TempDir() }, wantCode: CodeKVTokenizer},
 		{name: "tokenizer file", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = tokFile }},
 		{name: "tokenizer engine", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = "engine" }},
+		{name: "kv-exact without tokenizer", base: plainRule, mutate: kvExact, wantCode: CodeKVTokenizer},
+		{name: "kv-exact engine tokenizer vllm", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = "engine" }},
+		// SGLang serves POST /v1/tokenize (engines/sglang Tokenize).
+		{name: "engine tokenizer sglang", base: pdRule, mutate: func(r *Rule) { r.KVExactMode = 1; r.KVTokenizer = "engine" }},
+		{name: "engine tokenizer trtllm has none", base: trtRule, mutate: func(r *Rule) { r.KVExactMode = 1; r.KVTokenizer = "engine" }, wantCode: CodeKVTokenizer},
+		{name: "kv-exact builtin tokenizer", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = "builtin" }, wantCode: CodeKVTokenizer},
+		{name: "kv-exact tokenizer file", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = tokFile }},
+		{name: "kv-exact models dir slug", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = filepath.Join(models, "slug") }},
+		{name: "kv-exact models dir nested", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = filepath.Join(models, "nested") }},
+		{name: "kv-exact models dir hf cache", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = filepath.Join(models, "hub") }},
+		{name: "kv-exact models dir without the model", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.ModelName = "org/other"; r.KVTokenizer = filepath.Join(models, "slug") }, wantCode: CodeKVTokenizer},
 		{name: "session header with space", base: plainRule, mutate: func(r *Rule) { r.SessionHeaderName = "X Session" }, wantCode: CodeSessionHeader},
 		{name: "session cookie empty", base: plainRule, mutate: func(r *Rule) { r.SessionHeaderName = "cookie:" }, wantCode: CodeSessionHeader},
 		{name: "session unknown source", base: plainRule, mutate: func(r *Rule) { r.SessionHeaderName = "path:x" }, wantCode: CodeSessionHeader},
@@ -341,6 +364,30 @@ func declaredCodes(t *testing.T) []string {
 	return codes
 }
 
+// exampleModels points an example's kvTokenizer under /models (the
+// examples' stand-in for a host's models directory) at a temporary one
+// holding what the path names, so admission can resolve it. Admission only
+// resolves; the files are not loaded.
+func exampleModels(t *testing.T, r *Rule) {
+	t.Helper()
+	rest, ok := strings.CutPrefix(r.KVTokenizer, "/models")
+	if !ok {
+		return
+	}
+	root := t.TempDir()
+	file := filepath.Join(root, rest)
+	if !strings.HasSuffix(rest, "tokenizer.json") {
+		file = filepath.Join(root, rest, strings.Replace(r.ModelName, "/", "__", 1), "tokenizer.json")
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.KVTokenizer = filepath.Join(root, rest)
+}
+
 func TestAdmitNil(t *testing.T) {
 	var ae *AdmissionError
 	if err := Admit(nil, nil, nil); !errors.As(err, &ae) || ae.Code != CodeRuleMissing {
@@ -355,6 +402,7 @@ func TestAdmitReferenceExamples(t *testing.T) {
 	for _, file := range exampleFiles(t) {
 		t.Run(filepath.Base(file), func(t *testing.T) {
 			r := mustDecodeFile(t, file)
+			exampleModels(t, r)
 			if err := Admit(r, nil, nil); err != nil {
 				t.Fatalf("Admit: got %v, want nil", err)
 			}

@@ -50,8 +50,10 @@ type Rule struct {
 	// "hit"). Below it the decision is "partial". 0..1; nil = default 0.5
 	// (kv-exact rules only); 0 counts any matched block, as before.
 	KVHitMinShare *float64 `json:"kvHitMinShare,omitempty"`
-	// KVTokenizer: "" or "builtin" (the simulator's tokenizer), "engine" (ask a
-	// worker's /tokenize), or a path to a tokenizer.json.
+	// KVTokenizer is the model's tokenizer for KV-exact routing (required
+	// when kvExactMode is not 0): a tokenizer.json or .gguf path, a models
+	// directory holding the model's snapshot (tokenizer.Resolve), or
+	// "engine" (ask a worker's /tokenize).
 	KVTokenizer string `json:"kvTokenizer,omitempty"`
 
 	PDDisaggMode    bool `json:"pd_disagg_mode,omitempty"`

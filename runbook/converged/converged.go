@@ -95,6 +95,11 @@ type Options struct {
 	Workers int    // ≥ 1 (rr and chwbl need ≥ 2 to show routing)
 	// Catalog is the profile catalog; nil loads the embedded one.
 	Catalog *profiles.Catalog
+	// Tokenizer is the KV-exact rule's kvTokenizer (a tokenizer.json or
+	// .gguf path, a models directory, or "engine"); "" takes the
+	// simulators' embedded Qwen3 tokenizer with simulated workers, else
+	// "engine" (runbook.KVTokenizer).
+	Tokenizer string
 	// Launcher starts the workers; required.
 	Launcher runbook.Launcher
 	// GatewayAdmin is the admin API base URL of an external gateway; ""
@@ -230,6 +235,8 @@ func ExecuteInto(ctx context.Context, o *Options, w *results.RunWriter, outDir s
 // state is what the steps share within one run.
 type state struct {
 	o *Options
+
+	kvTokenizer string // the rule's kvTokenizer in KV-exact mode
 
 	profile    profiles.Profile
 	launchSpec profiles.LaunchSpec

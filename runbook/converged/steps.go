@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -228,6 +230,7 @@ func (s *state) buildRule(name string) *rule.Rule {
 	case "exact":
 		r.Sel = 8 // CHWBL is the fallback on a KV miss
 		r.KVExactMode = 3
+		r.KVTokenizer = s.kvTokenizer
 		r.KVBlockSize = s.spec.BlockSize
 		if kv := engines.KVOf(engines.Kind(o.Engine)); kv != nil && kvhash.Algo(kv.HashAlgo).Seeded() {
 			seed := s.seed
@@ -250,6 +253,13 @@ func (s *state) buildRule(name string) *rule.Rule {
 func (s *state) apply(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
 	s.ruleName = "rb-" + labkit.ShortID(r.ID)
+	if o.Mode == "exact" {
+		tok, err := runbook.KVTokenizer(o.Launcher.Simulated(), o.Tokenizer, filepath.Join(os.TempDir(), "llmgw-tokenizers"))
+		if err != nil {
+			return runbook.Fail("tokenizer", "KV-exact needs the model's tokenizer: %v", err)
+		}
+		s.kvTokenizer = tok
+	}
 	a, out, ok := labkit.Apply(ctx, r, labkit.ApplyOptions{
 		AdminURL: o.GatewayAdmin, Token: o.GatewayToken, TokenFile: o.GatewayTokenFile, DirPattern: "llmgw-runbook-gw-", Logger: o.Logger, Client: s.client,
 		Name: s.ruleName, Build: s.buildRule, Hook: o.RuleHook, MarkEmbedded: true,

@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines/kvhash"
-	"github.com/llmgw/llmgw/engines/tokenizer"
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/runbook"
@@ -52,7 +51,7 @@ const (
 	CodeCanaryTooShort   = "HASH_PARITY_SHORT"     // the canary is shorter than one block
 	CodeParityBadRule    = "HASH_PARITY_BAD_RULE"  // the effective rule names an unknown algorithm
 	CodeNotKVExact       = "not_kv_exact"          // BLOCKED: the rule keeps no inventory
-	CodeTokenizerUnknown = "tokenizer_unsupported" // BLOCKED: the gate cannot tokenize like the gateway
+	CodeTokenizerUnknown = "tokenizer_unsupported" // BLOCKED: the gateway cannot say how it tokenizes (no tokenize endpoint)
 	codeInterrupted      = "INTERRUPTED"           // the run's context ended during the gate
 )
 
@@ -164,28 +163,45 @@ func CanaryPrompt(nonce string) string {
 	return b.String()
 }
 
-// Tokens returns the prompt token ids the gateway computes for a canary
-// with the given tokenizer spec ("" or "builtin": the builtin tokenizer,
-// with the ChatML template for chat). Other tokenizers are refused with an
-// error wrapping ErrParity: the gate would not be computing what the
-// gateway computes.
-func Tokens(tokenizerSpec string, chat bool, prompt string) ([]uint32, string, error) {
-	switch tokenizerSpec {
-	case "", "builtin":
-	default:
-		return nil, "", fmt.Errorf("%w: kvTokenizer %q: the gate computes hashes with the builtin tokenizer only", ErrParity, tokenizerSpec)
-	}
-	text := prompt
-	template := ""
+// canaryBody is the request the canary sends (and asks the gateway to
+// tokenize): a text completion of prompt, or a chat of one user turn.
+func canaryBody(model, prompt string, chat bool) []byte {
+	body := map[string]any{"model": model, "max_tokens": 1, "temperature": 0, "stream": false}
 	if chat {
-		var err error
-		text, err = tokenizer.ChatML{}.Render([]tokenizer.Message{{Role: "user", Content: prompt}}, true)
-		if err != nil {
-			return nil, "", fmt.Errorf("%w: chat template: %w", ErrParity, err)
-		}
-		template = "chatml"
+		body["messages"] = []map[string]string{{"role": "user", "content": prompt}}
+	} else {
+		body["prompt"] = prompt
 	}
-	return tokenizer.Builtin{}.Encode(nil, text), template, nil
+	b, err := json.Marshal(body)
+	if err != nil { // a map of strings and numbers always marshals
+		panic(err)
+	}
+	return b
+}
+
+// Tokenize asks the gateway what it computes for body under rule t.Rule
+// (POST /v1/rules/{name}/tokenize): the rendered prompt, the token ids and
+// the block keys, exactly as it routes the request, whatever the rule's
+// tokenizer. A gateway without the endpoint gives an error wrapping
+// errTokenizer.
+func Tokenize(ctx context.Context, t Target, body []byte) (*gateway.KVTokenization, error) {
+	b, status, err := do(ctx, t, http.MethodPost, "/v1/rules/"+url.PathEscape(t.Rule)+"/tokenize", body)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case status == http.StatusNotFound && !bytes.Contains(b, []byte("rule not found")):
+		// Not the rule missing (gateway.ErrRuleNotFound) but the route:
+		// a gateway from before the endpoint.
+		return nil, fmt.Errorf("%w: %w: the gateway has no POST /v1/rules/{name}/tokenize (%.200s)", ErrParity, errTokenizer, b)
+	case status != http.StatusOK:
+		return nil, fmt.Errorf("%w: POST /v1/rules/%s/tokenize answered %d: %.200s", ErrParity, t.Rule, status, b)
+	}
+	var tk gateway.KVTokenization
+	if err := json.Unmarshal(b, &tk); err != nil {
+		return nil, fmt.Errorf("%w: tokenize answer: %w", ErrParity, err)
+	}
+	return &tk, nil
 }
 
 // BlockKeys hashes tokens with the rule's algorithm, block size and seed,
@@ -272,11 +288,25 @@ func Check(ctx context.Context, t Target) (*Parity, error) {
 	if t.Chat {
 		p.API = "chat"
 	}
-	if p.Tokens, p.Template, err = Tokens(eff.KVTokenizer, t.Chat, p.Prompt); err != nil {
-		return p, fmt.Errorf("%w", errors.Join(err, errTokenizer))
+	model := t.Model
+	if model == "" {
+		model = eff.ModelName
 	}
-	if p.Computed, err = BlockKeys(eff, p.Tokens); err != nil {
+	body := canaryBody(model, p.Prompt, t.Chat)
+	tk, err := Tokenize(ctx, t, body)
+	if err != nil {
 		return p, err
+	}
+	p.Tokens, p.Computed, p.Tokenizer = tk.Tokens, tk.BlockKeys, tk.Tokenizer
+	if t.Chat {
+		p.Template = tk.Prompt
+	}
+	// The gate's own hasher must agree with the gateway's on these ids, or
+	// the red arm below would be hashed differently from what routing does.
+	if local, err := BlockKeys(eff, p.Tokens); err != nil {
+		return p, err
+	} else if !slices.Equal(local, p.Computed) {
+		return p, fmt.Errorf("%w: %w: the gateway's block keys for the canary differ from kvhash's for the same ids", ErrParity, errBadAlgo)
 	}
 	if len(p.Computed) == 0 {
 		return p, fmt.Errorf("%w: canary of %d tokens is shorter than one block of %d: %w", ErrParity, len(p.Tokens), eff.KVBlockSize, errShort)
@@ -287,15 +317,11 @@ func Check(ctx context.Context, t Target) (*Parity, error) {
 		return p, err
 	}
 
-	model := t.Model
-	if model == "" {
-		model = eff.ModelName
-	}
 	data := t.DataAddr
 	if data == "" {
 		data = dataAddress(st.Status.Address, t.AdminBase)
 	}
-	if err := sendCanary(ctx, t, p, data, model); err != nil {
+	if err := sendCanary(ctx, t, p, data, body); err != nil {
 		return p, err
 	}
 
@@ -329,13 +355,13 @@ func Check(ctx context.Context, t Target) (*Parity, error) {
 // Sentinels under ErrParity that decide the outcome's status.
 var (
 	errNotKVExact = errors.New("no KV inventory")
-	errTokenizer  = errors.New("tokenizer not reproducible")
+	errTokenizer  = errors.New("the gateway cannot say how it tokenizes")
 	errShort      = errors.New("canary too short")
 )
 
 func tokName(spec string) string {
 	if spec == "" {
-		return "builtin"
+		return "none"
 	}
 	return spec
 }
@@ -483,41 +509,53 @@ func readInventory(ctx context.Context, t Target) (map[string][]uint64, error) {
 }
 
 func get(ctx context.Context, t Target, path string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(t.AdminBase, "/")+path, nil)
+	b, status, err := do(ctx, t, http.MethodGet, path, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%w: GET %s: %w", ErrParity, path, err)
+		return nil, err
+	}
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("%w: GET %s answered %d: %.200s", ErrParity, path, status, b)
+	}
+	return b, nil
+}
+
+// do sends one admin request (with the bearer token) and returns the body
+// and status; the error is for transport failures.
+func do(ctx context.Context, t Target, method, path string, body []byte) ([]byte, int, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(t.AdminBase, "/")+path, rd)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %s %s: %w", ErrParity, method, path, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	if t.AdminToken != "" {
 		req.Header.Set("Authorization", "Bearer "+t.AdminToken)
 	}
 	resp, err := t.Client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: GET %s: %w", ErrParity, path, err)
+		return nil, 0, fmt.Errorf("%w: %s %s: %w", ErrParity, method, path, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxInventoryBody))
 	if err != nil {
-		return nil, fmt.Errorf("%w: GET %s: %w", ErrParity, path, err)
+		return nil, 0, fmt.Errorf("%w: %s %s: %w", ErrParity, method, path, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%w: GET %s answered %d: %.200s", ErrParity, path, resp.StatusCode, b)
-	}
-	return b, nil
+	return b, resp.StatusCode, nil
 }
 
-// sendCanary sends the canary through the gateway's data plane and records
-// which endpoint answered.
-func sendCanary(ctx context.Context, t Target, p *Parity, data, model string) error {
-	body := map[string]any{"model": model, "max_tokens": 1, "temperature": 0, "stream": false}
+// sendCanary sends the canary body through the gateway's data plane and
+// records which endpoint answered.
+func sendCanary(ctx context.Context, t Target, p *Parity, data string, body []byte) error {
 	path := "/v1/completions"
 	if t.Chat {
 		path = "/v1/chat/completions"
-		body["messages"] = []map[string]string{{"role": "user", "content": p.Prompt}}
-	} else {
-		body["prompt"] = p.Prompt
 	}
-	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+data+path, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+data+path, bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("%w: %w: %w", ErrParity, errCanary, err)
 	}

@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,8 +19,10 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/engines/tokenizer"
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
+	"github.com/llmgw/llmgw/internal/testfix"
 	"github.com/llmgw/llmgw/results"
 )
 
@@ -119,10 +123,15 @@ func waitConnected(t *testing.T, gw *gateway.Server, name string) {
 func TestHashParityGate(t *testing.T) {
 	seed0 := "0"
 	cases := []struct {
-		name     string
-		engine   engines.Kind
-		pd       bool
-		simSeed  string // the workers' PYTHONHASHSEED ("" = the rule's)
+		name    string
+		engine  engines.Kind
+		pd      bool
+		simSeed string // the workers' PYTHONHASHSEED ("" = the rule's)
+		// simTok is the workers' tokenizer ("" = their default, the
+		// embedded Qwen3 one the rule's tokenizer.json is a copy of).
+		simTok string
+		// ruleTok is the rule's kvTokenizer ("" = the Qwen3 tokenizer.json).
+		ruleTok  string
 		chat     bool
 		want     results.Status
 		wantCode string
@@ -135,6 +144,12 @@ func TestHashParityGate(t *testing.T) {
 		{name: "sglang pd kvExactMode 1", engine: engines.SGLang, pd: true, chat: true, want: results.StatusPass},
 		{name: "trtllm pd kvExactMode 1", engine: engines.TRTLLM, pd: true, chat: true, want: results.StatusPass},
 		{name: "vllm mismatched seed misses", engine: engines.VLLM, simSeed: "4242", chat: true, want: results.StatusFail, wantCode: CodeParityMiss},
+		{name: "vllm engine tokenizer", engine: engines.VLLM, ruleTok: "engine", chat: true, want: results.StatusPass},
+		// The workers tokenize with another model's vocabulary (Phi-3's, from
+		// its GGUF, with its own chat template): the gateway's hashes cannot
+		// be theirs, and the gate must say so.
+		{name: "vllm worker with another tokenizer misses", engine: engines.VLLM, simTok: "tokenizers/gguf-vocab/ggml-vocab-phi-3.gguf", chat: true, want: results.StatusFail, wantCode: CodeParityMiss},
+		{name: "vllm worker with another tokenizer misses completions", engine: engines.VLLM, simTok: "tokenizers/gguf-vocab/ggml-vocab-gpt-2.gguf", want: results.StatusFail, wantCode: CodeParityMiss},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,7 +160,10 @@ func TestHashParityGate(t *testing.T) {
 			}
 			zmq := tc.engine != engines.TRTLLM
 			r := &rule.Rule{Name: "parity", ModelName: "m", KVEngineType: string(tc.engine), Sel: 8, KVExactMode: 3,
-				Probe: rule.ProbeConfig{Disabled: true}}
+				KVTokenizer: tc.ruleTok, Probe: rule.ProbeConfig{Disabled: true}}
+			if r.KVTokenizer == "" {
+				r.KVTokenizer = testfix.Qwen3Dir(t)
+			}
 			if tc.engine == engines.VLLM {
 				r.KVHashSeed = &seed0
 			}
@@ -160,6 +178,9 @@ func TestHashParityGate(t *testing.T) {
 			// SGLang's own default page size is 1, and the catalog launches
 			// it with --page-size 16.
 			cfg := sim.Config{Engine: tc.engine, Model: "m", HashSeed: seed, KVEvents: sim.KVEventsOff, BlockSize: max(r.KVBlockSize, 16)}
+			if tc.simTok != "" {
+				cfg.Tokenizer = testfix.Path(t, tc.simTok)
+			}
 			if zmq {
 				cfg.KVEvents = "tcp://127.0.0.1:0"
 			}
@@ -200,7 +221,10 @@ func TestHashParityGate(t *testing.T) {
 				t.Errorf("the decode endpoint cannot hold inventory in P/D")
 			}
 			if tc.want == results.StatusFail && p.GreenHit {
-				t.Errorf("green arm hit with a mismatched seed")
+				t.Errorf("green arm hit with a mismatched seed or tokenizer")
+			}
+			if tc.chat && !strings.HasPrefix(p.Template, "<|im_start|>user\n") && tc.ruleTok == "" {
+				t.Errorf("evidence template %.40q; want the gateway's rendered Qwen3 prompt", p.Template)
 			}
 		})
 	}
@@ -234,10 +258,11 @@ func TestRedArmChangesEveryKey(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			toks, _, err := Tokens("", true, CanaryPrompt("n"))
+			qwen, err := tokenizer.Qwen3()
 			if err != nil {
 				t.Fatal(err)
 			}
+			toks := qwen.Encode(nil, CanaryPrompt("n"))
 			eff := &rule.Rule{KVHashAlgo: tc.algo, KVBlockSize: tc.block, KVHashSeed: &seed}
 			green, err := BlockKeys(eff, toks)
 			if err != nil {
@@ -263,24 +288,31 @@ func TestRedArmChangesEveryKey(t *testing.T) {
 	}
 }
 
-func TestTokensRefusesOtherTokenizers(t *testing.T) {
+// TestTokenizeWithoutEndpoint: a gateway that cannot say how it tokenizes
+// (no tokenize route) is errTokenizer (the gate is BLOCKED, never a guess);
+// an unknown rule or a tokenize error is a plain read error (FAIL).
+func TestTokenizeWithoutEndpoint(t *testing.T) {
 	cases := []struct {
-		name, spec string
-		wantErr    bool
+		name      string
+		status    int
+		body      string
+		tokenizer bool // errTokenizer expected
 	}{
-		{"default", "", false},
-		{"builtin", "builtin", false},
-		{"engine", "engine", true},
-		{"file", "/x/tokenizer.json", true},
+		{"no route", http.StatusNotFound, `{"error":{"message":"gateway: no route: POST /v1/rules/r/tokenize"}}`, true},
+		{"old gateway", http.StatusNotFound, `404 page not found`, true},
+		{"unknown rule", http.StatusNotFound, `{"error":{"message":"gateway: rule not found: \"r\""}}`, false},
+		{"tokenize failed", http.StatusBadRequest, `{"error":{"message":"chat template: boom"}}`, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, _, err := Tokens(tc.spec, false, "hello world")
-			if got := err != nil; got != tc.wantErr {
-				t.Fatalf("err = %v; want error %v", err, tc.wantErr)
-			}
-			if err != nil && !errors.Is(err, ErrParity) {
-				t.Errorf("error %v does not wrap ErrParity", err)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(tc.status)
+				io.WriteString(w, tc.body)
+			}))
+			defer srv.Close()
+			_, err := Tokenize(t.Context(), Target{AdminBase: srv.URL, Rule: "r", Client: srv.Client()}, []byte(`{}`))
+			if err == nil || !errors.Is(err, ErrParity) || errors.Is(err, errTokenizer) != tc.tokenizer {
+				t.Fatalf("err %v; want ErrParity, errTokenizer %v", err, tc.tokenizer)
 			}
 		})
 	}

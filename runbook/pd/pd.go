@@ -107,6 +107,11 @@ type Options struct {
 	Prefill, Decode int
 	// Catalog is the profile catalog; nil loads the embedded one.
 	Catalog *profiles.Catalog
+	// Tokenizer is the KV-exact rule's kvTokenizer (a tokenizer.json or
+	// .gguf path, a models directory, or "engine"); "" takes the
+	// simulators' embedded Qwen3 tokenizer with simulated workers, else
+	// "engine" (runbook.KVTokenizer).
+	Tokenizer string
 	// Launcher starts the workers; required.
 	Launcher Launcher
 	// GatewayAdmin is an external gateway's admin base URL; "" starts an
@@ -239,6 +244,8 @@ func ExecuteInto(ctx context.Context, o *Options, w *results.RunWriter, outDir s
 // runner's goroutine).
 type state struct {
 	o *Options
+
+	kvTokenizer string // the rule's kvTokenizer in KV-exact mode
 
 	profile profiles.Profile
 	spec    runbook.LaunchSpec

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -150,6 +152,7 @@ func (s *state) buildRule(name string) *rule.Rule {
 	kv := engines.MustFor(engines.Kind(o.Engine)).KV()
 	if o.KVExact {
 		r.KVExactMode = 1
+		r.KVTokenizer = s.kvTokenizer
 		r.KVBlockSize = s.spec.BlockSize
 		if kv != nil && kvhash.Algo(kv.HashAlgo).Seeded() {
 			seed := s.seed
@@ -177,6 +180,13 @@ func (s *state) buildRule(name string) *rule.Rule {
 func (s *state) apply(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	o := s.o
 	s.ruleName = "pd-" + labkit.ShortID(r.ID)
+	if o.KVExact {
+		tok, err := runbook.KVTokenizer(o.Launcher.Simulated(), o.Tokenizer, filepath.Join(os.TempDir(), "llmgw-tokenizers"))
+		if err != nil {
+			return runbook.Fail("tokenizer", "KV-exact needs the model's tokenizer: %v", err)
+		}
+		s.kvTokenizer = tok
+	}
 	a, out, ok := labkit.Apply(ctx, r, labkit.ApplyOptions{
 		AdminURL: o.GatewayAdmin, Token: o.GatewayToken, TokenFile: o.GatewayTokenFile, DirPattern: "llmgw-runbook-pd-gw-", Logger: o.Logger, Client: s.client,
 		Name: s.ruleName, Build: s.buildRule, Hook: o.RuleHook, MarkEmbedded: true,

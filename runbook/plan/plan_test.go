@@ -17,6 +17,7 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	_ "github.com/llmgw/llmgw/engines/all"
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/engines/tokenizer"
 	"github.com/llmgw/llmgw/gateway/rule"
 )
 
@@ -324,7 +325,9 @@ func TestTRTLLMEventsNotDrained(t *testing.T) {
 	a := startSim(t, sim.Config{Engine: engines.TRTLLM})
 	b := startSim(t, sim.Config{Engine: engines.TRTLLM})
 	warm(t, a, "Qwen/Qwen3-0.6B")
-	p := probe(t, Options{Targets: []Target{{Addr: a.Addrs().HTTP}, {Addr: b.Addrs().HTTP}}})
+	// trtllm-serve has no tokenize endpoint: the KV-exact stage needs the
+	// model's tokenizer file (the simulators run Qwen3's).
+	p := probe(t, Options{Targets: []Target{{Addr: a.Addrs().HTTP}, {Addr: b.Addrs().HTTP}}, KVTokenizer: qwen3Path(t)})
 	if p.Engine != engines.TRTLLM || p.Answer(KeyEvents).Status != Known || p.Answer(KeyBlockSize).Value != "32" {
 		t.Fatalf("plan = %+v", p.Answers)
 	}
@@ -414,7 +417,7 @@ func TestSGLangConverged(t *testing.T) {
 	}
 	p := probe(t, Options{Targets: targets})
 	if p.Topology != "converged" || p.Answer(KeyRoles).Status != Known || len(p.Stages) != 2 {
-		t.Fatalf("plan: topology %s roles %+v stages %+v", p.Topology, p.Answer(KeyRoles), p.Stages)
+		t.Fatalf("plan: topology %s roles %+v stages %+v blocked %+v tokenizer %+v", p.Topology, p.Answer(KeyRoles), p.Stages, p.Blocked, p.Answer(KeyTokenizer))
 	}
 	if s := p.Stages[0]; s.Rule.Sel != 8 || s.RunbookMode != "chwbl" {
 		t.Errorf("stage 1 = %+v; want the guide's single pool with CHWBL", s)
@@ -483,4 +486,15 @@ func TestOptionsInvalid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// qwen3Path is the simulators' default tokenizer (the embedded Qwen3) as a
+// tokenizer.json file, as an operator would give it with --kv-tokenizer.
+func qwen3Path(t *testing.T) string {
+	t.Helper()
+	path, err := tokenizer.ExportQwen3(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

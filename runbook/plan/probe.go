@@ -104,6 +104,11 @@ type Options struct {
 	HashSeed string
 	// Canary is the tokenizer canary text; "" means DefaultCanary.
 	Canary string
+	// KVTokenizer is the kvTokenizer the KV-exact stages use (a
+	// tokenizer.json or .gguf path, or a models directory, on the gateway
+	// host). "" means "engine" where every endpoint tokenizes the canary
+	// alike; without either, the KV-exact stages are blocked.
+	KVTokenizer string
 	// Client is the HTTP client; nil builds one without keep-alive reuse
 	// across endpoints.
 	Client *http.Client

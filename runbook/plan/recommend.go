@@ -119,7 +119,7 @@ func recommend(o *Options, p *Plan) {
 		}
 		add(CapPD, "the workers are split by role and cannot serve alone, so stage 1 is P/D dispatch on health-checked fullproxy, with no KV feature yet: "+g.PDWhy+bootstrapNote(a, p),
 			CapPD, r, pdRunbook(o, p, false))
-		if why := kvExactBlocks(a, p); len(why) > 0 {
+		if why := kvExactBlocks(a, o, p); len(why) > 0 {
 			block(CapPDKVExact, why)
 			return
 		}
@@ -154,7 +154,7 @@ func recommend(o *Options, p *Plan) {
 		block(CapKVExact, []Block{{Fact: KeyEvents, Reason: firstNonEmpty(g.NoKVExactWhy, a.Display()+" publishes no KV events")}})
 	} else if len(blocks) > 0 {
 		block(CapKVExact, blocks)
-	} else if why := kvExactBlocks(a, p); len(why) > 0 {
+	} else if why := kvExactBlocks(a, o, p); len(why) > 0 {
 		block(CapKVExact, why)
 	} else {
 		reason := g.KVExactWhy
@@ -182,7 +182,7 @@ func bootstrapNote(a engines.Adapter, p *Plan) string {
 
 // kvExactBlocks are the facts a KV-exact stage needs beyond consistency:
 // reachable events on every endpoint that should publish them.
-func kvExactBlocks(a engines.Adapter, p *Plan) []Block {
+func kvExactBlocks(a engines.Adapter, o *Options, p *Plan) []Block {
 	var out []Block
 	for _, ob := range p.Endpoints {
 		if p.Topology == "pd" && !ob.Desc.Role.PrefillSide() {
@@ -195,6 +195,9 @@ func kvExactBlocks(a engines.Adapter, p *Plan) []Block {
 		case e.Reachable != Known:
 			out = append(out, Block{Fact: KeyEvents, Endpoint: ob.Addr, Reason: fmt.Sprintf("KV events of %s are %s: %s", ob.Addr, e.Reachable, e.How)})
 		}
+	}
+	if _, why := kvTokenizerFor(a, o, p); why != "" {
+		out = append(out, Block{Fact: KeyTokenizer, Reason: why})
 	}
 	if h := p.Answer(KeyHashes); h.Status == Known && strings.HasPrefix(h.Value, "not reproduced") {
 		out = append(out, Block{Fact: KeyHashes, Reason: "published block hashes do not reproduce with " + a.KV().HashAlgo + " and the expected seed: " + strings.Join(h.Evidence, "; ")})
@@ -257,8 +260,30 @@ func baseRule(a engines.Adapter, model string, o *Options, p *Plan, sel int, exc
 // kvExact turns r into a KV-exact rule (mode 3 single pool, 1 P/D) with the
 // block size the pool runs and each endpoint's event sockets where they are
 // not the rule-level default.
+// kvTokenizerFor is the kvTokenizer a KV-exact stage uses: the operator's
+// --kv-tokenizer, else "engine" when the engine has a tokenize endpoint and
+// every endpoint tokenized the canary to the same ids; else why there is
+// none (the gateway refuses a KV-exact rule without the model's tokenizer).
+func kvTokenizerFor(a engines.Adapter, o *Options, p *Plan) (string, string) {
+	if o.KVTokenizer != "" {
+		return o.KVTokenizer, ""
+	}
+	if a.Tokenize() == nil {
+		return "", a.Display() + " has no tokenize endpoint, and KV-exact needs the model's own tokenizer: give --kv-tokenizer with the model's tokenizer.json or .gguf path (or a models directory) on the gateway host"
+	}
+	if t := p.Answer(KeyTokenizer); t.Status != Known {
+		var who []string
+		for _, d := range t.Disagree {
+			who = append(who, d.Endpoint+" "+d.Value)
+		}
+		return "", "the endpoints' tokenizers are " + string(t.Status) + " (" + firstNonEmpty(t.Note, strings.Join(who, ", ")) + "): give --kv-tokenizer with the model's tokenizer.json or .gguf path, or fix the pool"
+	}
+	return "engine", ""
+}
+
 func kvExact(r *rule.Rule, o *Options, p *Plan, mode int) *rule.Rule {
 	r.KVExactMode = rule.KVExactMode(mode)
+	r.KVTokenizer, _ = kvTokenizerFor(engines.MustFor(p.Engine), o, p)
 	if o.HashSeed != "0" {
 		// The operator named the engines' PYTHONHASHSEED and the published
 		// hashes were checked against it.

@@ -29,6 +29,8 @@ type PlanOptions struct {
 	Stage     int
 	Timeout   time.Duration
 	HashSeed  string
+	// KVTokenizer is the KV-exact stages' kvTokenizer ("" = engine where it can).
+	KVTokenizer string
 }
 
 func newPlanCmd(ios *IOStreams) *cobra.Command {
@@ -86,13 +88,14 @@ context was cancelled, or -o yaml asked for a stage the plan lacks).`,
 	f.StringVarP(&o.Output, "output", "o", "table", "output: table, json or yaml")
 	f.IntVar(&o.Stage, "stage", 1, "-o yaml: the stage whose rule is written")
 	f.DurationVar(&o.Timeout, "timeout", plan.DefaultProbeTimeout, "deadline of each probe")
+	f.StringVar(&o.KVTokenizer, "kv-tokenizer", "", "kvTokenizer of the KV-exact stages: the model's tokenizer.json or .gguf path, or a models directory, on the gateway host (default engine, when every endpoint tokenizes alike)")
 	f.StringVar(&o.HashSeed, "hash-seed", "", "PYTHONHASHSEED published vLLM hashes are checked against (default 0, the gateway's)")
 	return cmd
 }
 
 // planOptions validates the flags; every error is a usage error.
 func planOptions(o *PlanOptions) (plan.Options, error) {
-	po := plan.Options{Name: o.Name, ProbeTimeout: o.Timeout, HashSeed: o.HashSeed, Profile: o.Profile}
+	po := plan.Options{Name: o.Name, ProbeTimeout: o.Timeout, HashSeed: o.HashSeed, Profile: o.Profile, KVTokenizer: o.KVTokenizer}
 	if o.Endpoints == "" {
 		return po, usageErrorf("plan needs --endpoints host:port,...")
 	}

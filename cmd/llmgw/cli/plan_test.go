@@ -27,7 +27,9 @@ func startPlanSims(t *testing.T, cfgs ...sim.Config) (addrs, events, replay []st
 		t.Cleanup(func() { s.Close() })
 		a := s.Addrs()
 		// The test's own traffic, so each worker publishes blocks.
-		body := `{"model":"Qwen/Qwen3-0.6B","prompt":"a prompt long enough to fill two blocks of sixteen builtin tokens for the events the planner replays, and a few words more","max_tokens":1}`
+		// Long enough for at least one full block of 32 Qwen3 tokens, so that
+		// even the 32-token-block pool publishes a BlockStored the planner reads.
+		body := `{"model":"Qwen/Qwen3-0.6B","prompt":"a prompt long enough to fill two blocks of thirty-two tokens each for the events the planner replays: the quick brown fox jumps over the lazy dog, then runs around the field twice, stops by the river to drink, and finally lies down under the old oak tree to sleep until the evening comes and the stars appear one by one in the darkening sky","max_tokens":1}`
 		resp, err := http.Post("http://"+a.HTTP+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)

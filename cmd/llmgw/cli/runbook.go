@@ -25,6 +25,7 @@ type RunbookOptions struct {
 	Launcher              string
 	Endpoints             string
 	KVEvents              string
+	KVTokenizer           string
 	AcceptVersionMismatch bool
 	Gateway               string
 	GatewayTokenFile      string
@@ -118,6 +119,7 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 	f.StringVar(&opts.Endpoints, "endpoints", "", "attach: running workers as host:port,...")
 	f.StringVar(&opts.KVEvents, "kv-events", "", "attach, mode exact: the workers' KV event endpoints as tcp://host:port,... (one per --endpoints entry; default: what a simulator reports, else the rule's kvZmqPort)")
 	f.BoolVar(&opts.AcceptVersionMismatch, "accept-version-mismatch", false, "qualify real workers that report an engine version other than the catalog tuple's (the mismatch stays on the row)")
+	f.StringVar(&opts.KVTokenizer, "kv-tokenizer", "", "exact mode: the rule's kvTokenizer (a tokenizer.json or .gguf path, a models directory, or engine); \"\" = the simulators' Qwen3 tokenizer with --launcher sim, else engine")
 	addLabFlags(f, &opts.Gateway, &opts.GatewayTokenFile, &opts.Out)
 	f.StringSliceVar(&opts.ImageOverrides, "image-override", nil, "docker: KEY=IMAGE with KEY an engine or sim (repeatable)")
 	f.StringVar(&opts.DockerNetwork, "docker-network", "", "docker: join this network instead of creating one for the run")
@@ -137,7 +139,7 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 	}
 	co := &converged.Options{
 		Engine: o.Engine, Profile: o.Profile, Mode: o.Mode, Workers: o.Workers, GatewayAdmin: o.Gateway,
-		HealthTimeout: o.HealthTimeout, Logger: logger, AcceptVersionMismatch: o.AcceptVersionMismatch,
+		HealthTimeout: o.HealthTimeout, Logger: logger, AcceptVersionMismatch: o.AcceptVersionMismatch, Tokenizer: o.KVTokenizer,
 	}
 	if o.Workers < 1 || o.Workers > 64 {
 		return nil, usageErrorf("--workers %d: want 1..64", o.Workers)

@@ -20,6 +20,7 @@ type RunbookPDOptions struct {
 	Engine                string
 	Profile               string
 	KVExact               bool
+	KVTokenizer           string
 	Prefill               int
 	Decode                int
 	Launcher              string
@@ -96,6 +97,7 @@ Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 	f.StringVar(&opts.Engine, "engine", pd.DefaultEngine, "engine: vllm, sglang or trtllm")
 	f.StringVar(&opts.Profile, "profile", pd.DefaultProfile, "catalog profile ID (see 'llmgw profiles list')")
 	f.BoolVar(&opts.KVExact, "kv-exact", false, "kvExactMode 1: KV-exact scoring of the prefill endpoints, with the hash-parity gate")
+	f.StringVar(&opts.KVTokenizer, "kv-tokenizer", "", "with --kv-exact: the rule's kvTokenizer (a tokenizer.json or .gguf path, a models directory, or engine); \"\" = the simulators' Qwen3 tokenizer with --launcher sim, else engine")
 	f.IntVar(&opts.Prefill, "prefill", pd.DefaultPrefill, "prefill workers (attach: the number of --prefill-endpoints)")
 	f.IntVar(&opts.Decode, "decode", pd.DefaultDecode, "decode workers (attach: the number of --decode-endpoints)")
 	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
@@ -118,7 +120,7 @@ func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
 	}
 	po := &pd.Options{
 		Engine: o.Engine, Profile: o.Profile, KVExact: o.KVExact, Prefill: o.Prefill, Decode: o.Decode, GatewayAdmin: o.Gateway,
-		HealthTimeout: o.HealthTimeout, Logger: logger, AcceptVersionMismatch: o.AcceptVersionMismatch,
+		HealthTimeout: o.HealthTimeout, Logger: logger, AcceptVersionMismatch: o.AcceptVersionMismatch, Tokenizer: o.KVTokenizer,
 	}
 	if (o.PrefillEndpoints != "" || o.DecodeEndpoints != "" || o.BootstrapPort != "") && o.Launcher != results.LauncherAttach {
 		return nil, usageErrorf("--prefill-endpoints, --decode-endpoints and --bootstrap-port need --launcher attach (got --launcher %s)", o.Launcher)

@@ -97,7 +97,7 @@ Control endpoints on the HTTP address (none with --receipts=false):
 	f.IntVar(&opts.PrefillUSPerToken, "prefill-us-per-token", 0, "simulated prefill cost per uncached prompt token, microseconds")
 	f.IntVar(&opts.DecodeUSPerToken, "decode-us-per-token", 0, "simulated decode cost per generated token, microseconds")
 	f.IntVar(&opts.MaxConcurrency, "max-concurrency", 0, "requests served at once; the rest queue (0 = unbounded)")
-	f.StringVar(&opts.Tokenizer, "tokenizer", "", "path to a Hugging Face tokenizer.json (\"\" = builtin tokenizer with ChatML)")
+	f.StringVar(&opts.Tokenizer, "tokenizer", "", "the model's tokenizer: a tokenizer.json or .gguf path, or a models directory holding the model's snapshot (\"\" = the embedded Qwen3 tokenizer)")
 	f.Int64Var(&opts.Seed, "seed", 0, "seed of the deterministic generated text")
 	f.IntVar(&opts.DPRanks, "dp-ranks", 1, "data-parallel ranks, each with its own prefix cache and KV event publisher (ports offset by rank)")
 	f.StringVar(&opts.BootstrapListen, "bootstrap-listen", "127.0.0.1:0", "SGLang prefill bootstrap server address")
