@@ -354,4 +354,3 @@ func (s *Sim) serveDetokenize(ctx *fasthttp.RequestCtx, key string) {
 	ctx.SetContentType("application/json")
 	ctx.SetBody(w.b)
 }
-

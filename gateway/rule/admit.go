@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
-	"github.com/llmgw/llmgw/engines/kvhash"
 	_ "github.com/llmgw/llmgw/engines/all" // the adapters engines.For reads
+	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
