@@ -191,7 +191,7 @@ func TestProgressGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			buf.WriteString("\n")
-			if err := results.WriteRunDetail(&buf, run, tty); err != nil {
+			if err := results.WriteRunDetail(&buf, run, tty, 0); err != nil {
 				t.Fatal(err)
 			}
 			golden.File(t, name, buf.Bytes())
