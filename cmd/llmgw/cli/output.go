@@ -29,6 +29,21 @@ const (
 	outputYAML  = "yaml"
 )
 
+// The kinds of the -o json|yaml documents, one per shape; docs/output.md
+// has a row for each (TestOutputKindsDocumented).
+const (
+	kindRule           = "Rule"           // rule get, rule drain: RuleDoc
+	kindRuleList       = "RuleList"       // rule list: RuleListDoc
+	kindRuleApply      = "RuleApply"      // rule apply: RuleApplyDoc
+	kindRunbookRun     = "RunbookRun"     // runbook converged|pd: RunbookDoc
+	kindQualifyReport  = "QualifyReport"  // qualify: QualifyDoc
+	kindProfileCatalog = "ProfileCatalog" // profiles list: ProfileCatalogDoc
+	kindResultsVerify  = "ResultsVerify"  // results verify: VerifyDoc
+)
+
+// outputKinds lists every kind above.
+var outputKinds = []string{kindRule, kindRuleList, kindRuleApply, kindRunbookRun, kindQualifyReport, kindProfileCatalog, kindResultsVerify}
+
 // outputFormats are the values of -o in the order help and completion list
 // them.
 var outputFormats = []string{outputTable, outputJSON, outputYAML}

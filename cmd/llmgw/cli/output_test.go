@@ -439,3 +439,17 @@ func TestQualifyParses(t *testing.T) {
 		t.Errorf("document %+v; want a QualifyReport of 2 runs, 1 BLOCKED", doc)
 	}
 }
+
+// TestOutputKindsDocumented: every document kind has its row in
+// docs/output.md.
+func TestOutputKindsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../../docs/output.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range outputKinds {
+		if !strings.Contains(string(doc), "| kind `"+k+"` |") {
+			t.Errorf("kind %s has no row (| kind `%s` |) in docs/output.md", k, k)
+		}
+	}
+}

@@ -114,7 +114,7 @@ func profilesList(opts *ProfilesOptions) error {
 		return err
 	}
 	if opts.Output != outputTable {
-		doc := ProfileCatalogDoc{"ProfileCatalog", cat.Versions(), cat.KVHashSeed(), cat.Profiles(), cat.BlockedTuples()}
+		doc := ProfileCatalogDoc{kindProfileCatalog, cat.Versions(), cat.KVHashSeed(), cat.Profiles(), cat.BlockedTuples()}
 		return writeDoc(opts.IO.Out, opts.Output, doc)
 	}
 	headers := []string{"ID", "MODEL", "REVISION", "API", "TEMPLATE", "BOS"}

@@ -183,7 +183,7 @@ func qualifyRun(cmd *cobra.Command, o *QualifyOptions) error {
 	// The rows recorded so far are shown and exported even after Ctrl-C.
 	switch {
 	case o.Output != outputTable:
-		doc := QualifyDoc{Kind: "QualifyReport", Launcher: qo.Launcher, Planned: rep.Planned, Ran: rep.Ran,
+		doc := QualifyDoc{Kind: kindQualifyReport, Launcher: qo.Launcher, Planned: rep.Planned, Ran: rep.Ran,
 			Interrupted: rep.Interrupted, WallSeconds: rep.Wall.Seconds(), Export: results.NewExport(rep.Rows)}
 		err = errors.Join(runErr, writeDoc(o.IO.Out, o.Output, doc))
 	case o.IO.OutTTY:

@@ -222,7 +222,7 @@ func resultsVerify(opts *ResultsOptions, id string) error {
 	problems := rep.Problems()
 	switch {
 	case opts.Output != outputTable:
-		doc := VerifyDoc{Kind: "ResultsVerify", OK: rep.OK(), VerifyReport: rep, Problems: problems}
+		doc := VerifyDoc{Kind: kindResultsVerify, OK: rep.OK(), VerifyReport: rep, Problems: problems}
 		if doc.Problems == nil {
 			doc.Problems = []string{}
 		}

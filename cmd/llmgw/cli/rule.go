@@ -185,7 +185,7 @@ func ruleApplyRun(ctx context.Context, o *RuleApplyOptions) error {
 	if err != nil {
 		return err
 	}
-	doc := RuleApplyDoc{Kind: "RuleApply", Rules: make([]*rule.Rule, 0, len(rules))}
+	doc := RuleApplyDoc{Kind: kindRuleApply, Rules: make([]*rule.Rule, 0, len(rules))}
 	for _, r := range rules {
 		body, err := json.Marshal(r)
 		if err != nil {
@@ -252,7 +252,7 @@ func ruleGetRun(ctx context.Context, o *RuleGetOptions) error {
 // table of its endpoints.
 func writeRuleStatus(ios *IOStreams, output string, st *gateway.RuleStatus) error {
 	if output != outputTable {
-		return writeDoc(ios.Out, output, RuleDoc{Kind: "Rule", RuleStatus: *st})
+		return writeDoc(ios.Out, output, RuleDoc{Kind: kindRule, RuleStatus: *st})
 	}
 	if st.Rule != nil {
 		fmt.Fprintf(ios.Out, "%s\n", results.FitLine(ios.Width, fmt.Sprintf("rule %s: model %q, sel %s, address %s, ready %v, in-flight %d",
@@ -300,7 +300,7 @@ func ruleListRun(ctx context.Context, o *RuleListOptions) error {
 		if rules == nil {
 			rules = []gateway.RuleStatus{}
 		}
-		return writeDoc(o.IO.Out, o.Output, RuleListDoc{Kind: "RuleList", Rules: rules})
+		return writeDoc(o.IO.Out, o.Output, RuleListDoc{Kind: kindRuleList, Rules: rules})
 	}
 	headers := []string{"NAME", "MODEL", "SEL", "ADDRESS", "READY", "AVAILABLE", "IN-FLIGHT"}
 	rows := make([][]string, 0, len(rules))

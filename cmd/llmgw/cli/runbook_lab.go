@@ -114,7 +114,7 @@ func runLab(cmd *cobra.Command, io *IOStreams, out, output string, exec func(con
 	rows := []results.RunSummary{rep.Summary}
 	switch {
 	case output != outputTable:
-		doc := RunbookDoc{Kind: "RunbookRun", Runbook: cmd.Name(), Summary: rep.Summary}
+		doc := RunbookDoc{Kind: kindRunbookRun, Runbook: cmd.Name(), Summary: rep.Summary}
 		if gerr == nil {
 			doc.Run = run
 		}
