@@ -584,7 +584,12 @@ func WriteRunDetail(w io.Writer, r *Run, tty bool, width int) error {
 		}
 	}
 	if tty {
-		b.WriteString(Table(w, width, headers, data) + "\n")
+		// Step names and statuses stay whole; reasons and evidence give way.
+		h, d, dropped := FitSpec{Whole: []string{"STEP", "STATUS"}}.Fit(width, headers, data)
+		b.WriteString(Table(w, width, h, d) + "\n")
+		if n := DroppedNote(dropped); n != "" {
+			b.WriteString(n + "\n")
+		}
 	} else if err := TSV(&b, headers, data); err != nil {
 		return err
 	}

@@ -182,7 +182,7 @@ func TestProgressGolden(t *testing.T) {
 				Pass("3 workers healthy").For(LaneDirectWorker),
 				Fail("DIRECT_NO_RECEIPT", "worker w2 answered but its receipt log has no receipt").For(LaneDirectWorker),
 				Pass("unreached"))
-			rep, err := (&Runner{Clock: fakeClock(), Progress: NewProgress(&buf, tty)}).Execute(t.Context(), rb, w, nil)
+			rep, err := (&Runner{Clock: fakeClock(), Progress: NewProgress(&buf, tty, 0)}).Execute(t.Context(), rb, w, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -175,7 +175,7 @@ func qualifyRun(cmd *cobra.Command, o *QualifyOptions) error {
 	if err != nil {
 		return err
 	}
-	qo.Progress = newQualifyProgress(o.IO.ErrOut, o.IO.OutTTY)
+	qo.Progress = newQualifyProgress(o.IO.ErrOut, o.IO.OutTTY, o.IO.Width)
 	ctx := cmd.Context()
 	started := time.Now().UTC()
 	rep, runErr := qualify.Run(ctx, qo, cases, store, o.Out)
@@ -242,10 +242,10 @@ type qualifyProgress struct {
 	steps runbook.Progress
 }
 
-func newQualifyProgress(w io.Writer, tty bool) *qualifyProgress {
+func newQualifyProgress(w io.Writer, tty bool, width int) *qualifyProgress {
 	p := &qualifyProgress{w: w, tty: tty}
 	if tty {
-		p.steps = runbook.NewProgress(w, true)
+		p.steps = runbook.NewProgress(w, true, width)
 	}
 	return p
 }

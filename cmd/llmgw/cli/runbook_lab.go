@@ -106,7 +106,7 @@ func runLab(cmd *cobra.Command, io *IOStreams, out, output string, exec func(con
 	if err != nil {
 		return err
 	}
-	rep, err := exec(cmd.Context(), store, runbook.NewProgress(io.ErrOut, io.OutTTY))
+	rep, err := exec(cmd.Context(), store, runbook.NewProgress(io.ErrOut, io.OutTTY, io.Width))
 	if err != nil && rep.Summary.ID == "" {
 		return err
 	}
