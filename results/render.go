@@ -200,6 +200,9 @@ type FitSpec struct {
 	// the next command): they are dropped before they are cut, and cut
 	// only when one alone is wider than the terminal.
 	Whole []string
+	// ShrinkFirst names columns shortened to their floor before any other
+	// is (details that matter less than the text beside them).
+	ShrinkFirst []string
 }
 
 // Fit sizes a bordered table (one space of padding each side of a cell, a
@@ -271,17 +274,27 @@ func (f FitSpec) Fit(width int, headers []string, rows [][]string) (_ []string, 
 	}
 	// Shorten the widest kept column, one cell at a time, down to its floor.
 	ws := append([]int(nil), natural...)
-	for tableWidth(ws) > width {
-		widest := -1
+	widest := func(first bool) int {
+		w := -1
 		for i := range ws {
-			if keep[i] && ws[i] > floor[i] && (widest < 0 || ws[i] > ws[widest]) {
-				widest = i
+			if first && !slices.Contains(f.ShrinkFirst, headers[i]) {
+				continue
+			}
+			if keep[i] && ws[i] > floor[i] && (w < 0 || ws[i] > ws[w]) {
+				w = i
 			}
 		}
-		if widest < 0 {
+		return w
+	}
+	for tableWidth(ws) > width {
+		i := widest(true)
+		if i < 0 {
+			i = widest(false)
+		}
+		if i < 0 {
 			break // one column left, at its floor: nothing more to give
 		}
-		ws[widest]--
+		ws[i]--
 	}
 	cut := func(cells []string) []string {
 		out := make([]string, 0, kept)
@@ -336,9 +349,14 @@ func TSV(w io.Writer, headers []string, rows [][]string) error {
 }
 
 // tableFit is how the result table gives way on a narrow terminal:
-// provenance details go first, the lanes next; the run ID is never cut
-// (it is what 'results show' takes).
-var tableFit = FitSpec{Drop: []string{"ARTIFACT", "LAUNCHER", "TOPOLOGY", "VERSION", "WORKERS", "PERF", "CACHE", "PARITY"}, Whole: []string{"RUN"}}
+// provenance details go first, then the engine, profile and mode (the run
+// ID spells them), then the lanes; the run ID (what 'results show' takes)
+// and the verdict are never cut.
+var tableFit = FitSpec{
+	Drop: []string{"ARTIFACT", "LAUNCHER", "TOPOLOGY", "VERSION", "WORKERS", "PERF", "CACHE", "PARITY",
+		"ENGINE", "PROFILE", "MODE", "ROUTING", "DELIVERY", "DIRECT", "REASON"},
+	Whole: []string{"RUN", "VERDICT"},
+}
 
 // WriteTable writes the rows as a lipgloss table (for terminals) at most
 // width columns wide (0: unbounded), followed by the verdict counts and,
@@ -584,8 +602,9 @@ func WriteRunDetail(w io.Writer, r *Run, tty bool, width int) error {
 		}
 	}
 	if tty {
-		// Step names and statuses stay whole; reasons and evidence give way.
-		h, d, dropped := FitSpec{Whole: []string{"STEP", "STATUS"}}.Fit(width, headers, data)
+		// Step names and statuses stay whole; the evidence list gives way
+		// before the reason.
+		h, d, dropped := FitSpec{Whole: []string{"STEP", "STATUS"}, ShrinkFirst: []string{"EVIDENCE"}}.Fit(width, headers, data)
 		b.WriteString(Table(w, width, h, d) + "\n")
 		if n := DroppedNote(dropped); n != "" {
 			b.WriteString(n + "\n")
