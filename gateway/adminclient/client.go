@@ -49,7 +49,8 @@ func (e *Error) Error() string {
 func (e *Error) Is(target error) bool { return target == ErrAPI }
 
 // MaxBody bounds an answer read into memory. Inventories with every key
-// (sample=0) are the largest answers the gateway sends.
+// (sample=0) are the largest answers the gateway sends; the gateway bounds
+// the inventory itself with --kv-max-blocks.
 const MaxBody = 64 << 20
 
 // Client calls one gateway's management API. Safe for concurrent use.
