@@ -75,8 +75,8 @@ behaviour, not an engine.
 Exit codes: 0 every case PASS, 3 any FAIL, 4 BLOCKED without FAIL (0 with
 --allow-blocked), 130 interrupted (the case in flight is cleaned up, rows already
 recorded are kept and exported), 2 bad flags (nothing started).`,
-		Example: `  # the reference baseline on simulated workers: 30 cases, 26 PASS, 4 BLOCKED;
-  # without --allow-blocked the same matrix exits 4 (BLOCKED rows, no FAIL)
+		Example: `  # the reference baseline on simulated workers: 35 cases, 31 PASS, 4 BLOCKED
+  # (TensorRT-LLM x Gemma-2/EXAONE); without --allow-blocked it exits 4
   llmgw qualify --engine all --modes rr,exact --allow-blocked
 
   # the matrix as JSON for a script
