@@ -5,12 +5,14 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/charmbracelet/lipgloss"
 	"github.com/charmbracelet/lipgloss/table"
+	"github.com/charmbracelet/x/ansi"
 )
 
 // Format names an export format.
@@ -50,7 +52,7 @@ func ParseFormat(s string) (Format, error) {
 func Render(w io.Writer, f Format, rows []RunSummary) error {
 	switch f {
 	case FormatTable:
-		return WriteTable(w, rows)
+		return WriteTable(w, 0, rows)
 	case FormatTSV:
 		return WriteTSV(w, rows)
 	case FormatMarkdown:
@@ -162,8 +164,11 @@ func statusColor(cell string) (lipgloss.Color, bool) {
 // Table renders headers and rows as a bordered lipgloss table styled for w:
 // colour only when w is a colour terminal (never under NO_COLOR), plain
 // characters otherwise. Cells that start with a status word are coloured by
-// status. The result has no trailing newline.
-func Table(w io.Writer, headers []string, rows [][]string) string {
+// status. With width > 0 no line is wider than width (see Fit; callers
+// that want to name dropped columns call Fit first); 0 leaves every cell
+// whole. The result has no trailing newline.
+func Table(w io.Writer, width int, headers []string, rows [][]string) string {
+	headers, rows, _ = FitSpec{}.Fit(width, headers, rows)
 	re := lipgloss.NewRenderer(w)
 	base := re.NewStyle().Padding(0, 1)
 	header := base.Bold(true)
@@ -186,6 +191,145 @@ func Table(w io.Writer, headers []string, rows [][]string) string {
 		String()
 }
 
+// FitSpec says how a table gives way on a narrow terminal.
+type FitSpec struct {
+	// Drop names the columns to leave out first, in order, when even the
+	// narrowest cells do not fit; then columns go from the right.
+	Drop []string
+	// Whole names columns never truncated (identifiers a user copies into
+	// the next command): they are dropped before they are cut, and cut
+	// only when one alone is wider than the terminal.
+	Whole []string
+	// ShrinkFirst names columns shortened to their floor before any other
+	// is (details that matter less than the text beside them).
+	ShrinkFirst []string
+}
+
+// Fit sizes a bordered table (one space of padding each side of a cell, a
+// border between and around columns) to width terminal columns: the widest
+// column is shortened first, its cells truncated with an ellipsis, until
+// the table fits or every column is at its floor (its header's width, at
+// most 10, and never more than its widest cell; a Whole column's floor is
+// its widest cell). When the floors are still too wide, whole columns are
+// dropped (see FitSpec.Drop); dropped names them. The full text is in -o
+// json. width <= 0 returns the input unchanged.
+func (f FitSpec) Fit(width int, headers []string, rows [][]string) (_ []string, _ [][]string, dropped []string) {
+	if width <= 0 || len(headers) == 0 {
+		return headers, rows, nil
+	}
+	keep := make([]bool, len(headers))
+	natural := make([]int, len(headers))
+	floor := make([]int, len(headers))
+	for i, h := range headers {
+		keep[i] = true
+		natural[i] = ansi.StringWidth(h)
+		for _, r := range rows {
+			if i < len(r) {
+				natural[i] = max(natural[i], ansi.StringWidth(r[i]))
+			}
+		}
+		floor[i] = min(natural[i], max(3, min(ansi.StringWidth(h), 10)))
+		if slices.Contains(f.Whole, h) {
+			floor[i] = min(natural[i], max(3, width-4)) // one column alone: border, padding, border
+		}
+	}
+	// tableWidth: every kept column's content plus 2 padding, plus n+1 borders.
+	tableWidth := func(ws []int) int {
+		t, n := 1, 0
+		for i, w := range ws {
+			if keep[i] {
+				t += w + 3
+				n++
+			}
+		}
+		if n == 0 {
+			return 0
+		}
+		return t
+	}
+	order := make([]int, 0, 2*len(headers))
+	for _, name := range f.Drop {
+		if i := slices.Index(headers, name); i >= 0 {
+			order = append(order, i)
+		}
+	}
+	for i := len(headers) - 1; i >= 0; i-- {
+		if !slices.Contains(f.Whole, headers[i]) {
+			order = append(order, i)
+		}
+	}
+	for i := len(headers) - 1; i >= 0; i-- {
+		order = append(order, i) // Whole columns last
+	}
+	kept := len(headers)
+	for _, i := range order {
+		if tableWidth(floor) <= width || kept == 1 {
+			break
+		}
+		if keep[i] {
+			keep[i] = false
+			kept--
+			dropped = append(dropped, headers[i])
+		}
+	}
+	// Shorten the widest kept column, one cell at a time, down to its floor.
+	ws := append([]int(nil), natural...)
+	widest := func(first bool) int {
+		w := -1
+		for i := range ws {
+			if first && !slices.Contains(f.ShrinkFirst, headers[i]) {
+				continue
+			}
+			if keep[i] && ws[i] > floor[i] && (w < 0 || ws[i] > ws[w]) {
+				w = i
+			}
+		}
+		return w
+	}
+	for tableWidth(ws) > width {
+		i := widest(true)
+		if i < 0 {
+			i = widest(false)
+		}
+		if i < 0 {
+			break // one column left, at its floor: nothing more to give
+		}
+		ws[i]--
+	}
+	cut := func(cells []string) []string {
+		out := make([]string, 0, kept)
+		for i, c := range cells {
+			if i < len(keep) && keep[i] {
+				out = append(out, ansi.Truncate(c, ws[i], "…"))
+			}
+		}
+		return out
+	}
+	fitted := make([][]string, len(rows))
+	for i, r := range rows {
+		fitted[i] = cut(r)
+	}
+	return cut(headers), fitted, dropped
+}
+
+// DroppedNote is the line under a table that lost columns to the
+// terminal's width ("" when none did).
+func DroppedNote(dropped []string) string {
+	if len(dropped) == 0 {
+		return ""
+	}
+	return "not shown at this width: " + strings.Join(dropped, " ") + " (-o json has every field)"
+}
+
+// FitLine truncates one line of text to width with an ellipsis; width <= 0
+// leaves it whole.
+func FitLine(width int, s string) string {
+	if width <= 0 {
+		return s
+	}
+	return ansi.Truncate(s, width, "…")
+}
+
 // TSV writes headers and rows as tab-separated lines. Tabs and line breaks
 // inside cells become spaces, so every row stays one line.
 func TSV(w io.Writer, headers []string, rows [][]string) error {
@@ -204,19 +348,35 @@ func TSV(w io.Writer, headers []string, rows [][]string) error {
 	return err
 }
 
-// WriteTable writes the rows as a lipgloss table (for terminals), followed
-// by the verdict counts and, when any row ran on simulated workers, the
-// simulated-workers note.
-func WriteTable(w io.Writer, rows []RunSummary) error {
+// tableFit is how the result table gives way on a narrow terminal:
+// provenance details go first, then the engine, profile and mode (the run
+// ID spells them), then the lanes; the run ID (what 'results show' takes)
+// and the verdict are never cut.
+var tableFit = FitSpec{
+	Drop: []string{"ARTIFACT", "LAUNCHER", "TOPOLOGY", "VERSION", "WORKERS", "PERF", "CACHE", "PARITY",
+		"ENGINE", "PROFILE", "MODE", "ROUTING", "DELIVERY", "DIRECT", "REASON"},
+	Whole: []string{"RUN", "VERDICT"},
+}
+
+// WriteTable writes the rows as a lipgloss table (for terminals) at most
+// width columns wide (0: unbounded), followed by the verdict counts and,
+// when any row ran on simulated workers, the simulated-workers note.
+// Columns too wide for the terminal are truncated or, when even that does
+// not fit, left out and named under the table.
+func WriteTable(w io.Writer, width int, rows []RunSummary) error {
 	data := make([][]string, len(rows))
 	for i, r := range rows {
 		data[i] = cells(r)
 	}
+	headers, data, dropped := tableFit.Fit(width, Columns, data)
 	var b strings.Builder
-	b.WriteString(Table(w, Columns, data) + "\n")
-	b.WriteString(Tally(rows).String() + "\n")
+	b.WriteString(Table(w, width, headers, data) + "\n")
+	b.WriteString(FitLine(width, Tally(rows).String()) + "\n")
+	if n := DroppedNote(dropped); n != "" {
+		b.WriteString(FitLine(width, n) + "\n")
+	}
 	if anySimulated(rows) {
-		b.WriteString(SimulatedNote + "\n")
+		b.WriteString(FitLine(width, SimulatedNote) + "\n")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -257,8 +417,9 @@ type Export struct {
 	Runs    []RunSummary `json:"runs"`
 }
 
-// WriteJSON writes an Export document (indented, one trailing newline).
-func WriteJSON(w io.Writer, rows []RunSummary) error {
+// NewExport is the export document of rows: their counts, overall verdict
+// and the simulated-workers note when it applies.
+func NewExport(rows []RunSummary) Export {
 	c := Tally(rows)
 	doc := Export{Schema: RunSchema, Verdict: c.Overall(), Counts: c, Runs: rows}
 	if doc.Runs == nil {
@@ -267,6 +428,12 @@ func WriteJSON(w io.Writer, rows []RunSummary) error {
 	if anySimulated(rows) {
 		doc.Note = SimulatedNote
 	}
+	return doc
+}
+
+// WriteJSON writes an Export document (indented, one trailing newline).
+func WriteJSON(w io.Writer, rows []RunSummary) error {
+	doc := NewExport(rows)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(doc)
@@ -381,8 +548,14 @@ func WriteJUnit(w io.Writer, rows []RunSummary) error {
 
 // WriteRunDetail writes one run for `llmgw results show`: the tuple, the
 // steps (a lipgloss table when tty, TSV otherwise), the lanes and the
-// artifact id, and the simulated-workers note when it applies.
-func WriteRunDetail(w io.Writer, r *Run, tty bool) error {
+// artifact id, and the simulated-workers note when it applies. On a tty
+// with width > 0 every line fits width columns: long reasons and evidence
+// lists are truncated with an ellipsis (results show -o json has them
+// whole); TSV is never truncated.
+func WriteRunDetail(w io.Writer, r *Run, tty bool, width int) error {
+	if !tty {
+		width = 0
+	}
 	var b strings.Builder
 	t := r.Tuple
 	fmt.Fprintf(&b, "run\t%s\ncase\t%s\nverdict\t%s\n", r.ID, t.CaseID(), r.Verdict.Norm())
@@ -429,13 +602,30 @@ func WriteRunDetail(w io.Writer, r *Run, tty bool) error {
 		}
 	}
 	if tty {
-		b.WriteString(Table(w, headers, data) + "\n")
+		// Step names and statuses stay whole; the evidence list gives way
+		// before the reason.
+		h, d, dropped := FitSpec{Whole: []string{"STEP", "STATUS"}, ShrinkFirst: []string{"EVIDENCE"}}.Fit(width, headers, data)
+		b.WriteString(Table(w, width, h, d) + "\n")
+		if n := DroppedNote(dropped); n != "" {
+			b.WriteString(n + "\n")
+		}
 	} else if err := TSV(&b, headers, data); err != nil {
 		return err
 	}
 	if t.SimulatedWorkers {
 		b.WriteString(SimulatedNote + "\n")
 	}
-	_, err := io.WriteString(w, b.String())
+	out := b.String()
+	if width > 0 {
+		lines := strings.Split(out, "\n")
+		for i := range lines {
+			if k, v, ok := strings.Cut(lines[i], "\t"); ok {
+				lines[i] = fmt.Sprintf("%-10s%s", k, v) // a tab's width depends on the terminal
+			}
+			lines[i] = FitLine(width, lines[i])
+		}
+		out = strings.Join(lines, "\n")
+	}
+	_, err := io.WriteString(w, out)
 	return err
 }

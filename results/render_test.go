@@ -235,7 +235,7 @@ func TestRunDetailGolden(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			var b bytes.Buffer
-			if err := WriteRunDetail(&b, run, tty); err != nil {
+			if err := WriteRunDetail(&b, run, tty, 0); err != nil {
 				t.Fatal(err)
 			}
 			golden.File(t, name, b.Bytes())
@@ -291,7 +291,7 @@ func TestVersionMismatchOnTheRow(t *testing.T) {
 		Profile: "p", Topology: "converged", Mode: "rr", Launcher: LauncherAttach},
 		LaneSources: map[string]string{"delivery": "engine_metrics llamacpp:prompt_tokens_total", "direct": "worker_answer"}}
 	var b strings.Builder
-	if err := WriteRunDetail(&b, r, false); err != nil {
+	if err := WriteRunDetail(&b, r, false, 0); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"reported\tllamacpp b0-unknown (MISMATCH with the catalog's b7800)", "sources\tdirect=worker_answer delivery=engine_metrics llamacpp:prompt_tokens_total"} {

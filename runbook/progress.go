@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/charmbracelet/lipgloss"
+	"github.com/charmbracelet/x/ansi"
 
 	"github.com/llmgw/llmgw/results"
 )
@@ -33,9 +34,15 @@ func (nopProgress) StepDone(int, int, results.Step) {}
 // NewProgress returns the progress reporter for w: live, lipgloss-styled
 // lines when tty (the running step shows until it ends, then its line is
 // replaced by the outcome), plain one-line-per-event text otherwise.
-func NewProgress(w io.Writer, tty bool) Progress {
+// width > 0 is the terminal's width: a styled line longer than it is cut
+// with an ellipsis, because the in-place replacement clears one terminal
+// line only (a wrapped line would leave its head behind). Plain lines are
+// never cut.
+func NewProgress(w io.Writer, tty bool, width int) Progress {
 	if tty {
-		return newStyled(w)
+		p := newStyled(w)
+		p.width = width
+		return p
 	}
 	return &plainProgress{w: w}
 }
@@ -92,6 +99,15 @@ type styledProgress struct {
 	badge   map[results.Status]lipgloss.Style
 	dim     lipgloss.Style
 	name    lipgloss.Style
+	width   int // 0: lines are not cut
+}
+
+// fit cuts one styled line (ANSI sequences kept intact) to the width.
+func (p *styledProgress) fit(line string) string {
+	if p.width <= 0 {
+		return line
+	}
+	return ansi.Truncate(line, p.width, "…")
 }
 
 func newStyled(w io.Writer) *styledProgress {
@@ -117,7 +133,7 @@ const clearLine = "\r\x1b[2K"
 func (p *styledProgress) StepStarted(idx, total int, name string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fmt.Fprintf(p.w, "%s %s %s", p.dim.Render(fmt.Sprintf("%d/%d", idx+1, total)), p.dim.Render("running  "), p.name.Render(name))
+	io.WriteString(p.w, p.fit(fmt.Sprintf("%s %s %s", p.dim.Render(fmt.Sprintf("%d/%d", idx+1, total)), p.dim.Render("running  "), p.name.Render(name))))
 	p.running = true
 }
 
@@ -127,8 +143,8 @@ func (p *styledProgress) Note(idx, total int, name, msg string) {
 	if p.running {
 		io.WriteString(p.w, clearLine)
 	}
-	fmt.Fprintf(p.w, "%s %s\n", p.dim.Render(fmt.Sprintf("%d/%d", idx+1, total)), p.dim.Render("  "+name+": "+oneLine(msg)))
-	fmt.Fprintf(p.w, "%s %s %s", p.dim.Render(fmt.Sprintf("%d/%d", idx+1, total)), p.dim.Render("running  "), p.name.Render(name))
+	io.WriteString(p.w, p.fit(fmt.Sprintf("%s %s", p.dim.Render(fmt.Sprintf("%d/%d", idx+1, total)), p.dim.Render("  "+name+": "+oneLine(msg))))+"\n")
+	io.WriteString(p.w, p.fit(fmt.Sprintf("%s %s %s", p.dim.Render(fmt.Sprintf("%d/%d", idx+1, total)), p.dim.Render("running  "), p.name.Render(name))))
 }
 
 func (p *styledProgress) StepDone(idx, total int, st results.Step) {
@@ -140,6 +156,6 @@ func (p *styledProgress) StepDone(idx, total int, st results.Step) {
 	}
 	s := st.Status.Norm()
 	label := string(s)
-	fmt.Fprintf(p.w, "%s %s %s %s %s\n", p.dim.Render(fmt.Sprintf("%d/%d", idx+1, total)), p.badge[s].Render(label),
-		p.name.Render(st.Name), p.dim.Render(duration(st)+codeSuffix(st.ReasonCode)), oneLine(st.Reason))
+	io.WriteString(p.w, p.fit(fmt.Sprintf("%s %s %s %s %s", p.dim.Render(fmt.Sprintf("%d/%d", idx+1, total)), p.badge[s].Render(label),
+		p.name.Render(st.Name), p.dim.Render(duration(st)+codeSuffix(st.ReasonCode)), oneLine(st.Reason)))+"\n")
 }

@@ -182,7 +182,7 @@ func TestProgressGolden(t *testing.T) {
 				Pass("3 workers healthy").For(LaneDirectWorker),
 				Fail("DIRECT_NO_RECEIPT", "worker w2 answered but its receipt log has no receipt").For(LaneDirectWorker),
 				Pass("unreached"))
-			rep, err := (&Runner{Clock: fakeClock(), Progress: NewProgress(&buf, tty)}).Execute(t.Context(), rb, w, nil)
+			rep, err := (&Runner{Clock: fakeClock(), Progress: NewProgress(&buf, tty, 0)}).Execute(t.Context(), rb, w, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -191,7 +191,7 @@ func TestProgressGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			buf.WriteString("\n")
-			if err := results.WriteRunDetail(&buf, run, tty); err != nil {
+			if err := results.WriteRunDetail(&buf, run, tty, 0); err != nil {
 				t.Fatal(err)
 			}
 			golden.File(t, name, buf.Bytes())

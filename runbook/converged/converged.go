@@ -50,6 +50,7 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	_ "github.com/llmgw/llmgw/engines/all" // the adapters the lab asks
 	"github.com/llmgw/llmgw/gateway"
+	"github.com/llmgw/llmgw/gateway/adminclient"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/results"
@@ -250,7 +251,7 @@ type state struct {
 	adapter engines.Adapter
 	wit     *labkit.Witnesses
 
-	admin    *runbook.Admin
+	admin    *adminclient.Client
 	gw       *gateway.Server
 	ruleName string
 	applied  *rule.Rule

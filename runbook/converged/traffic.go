@@ -351,7 +351,7 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	// Inventory before the warm request: a worker may already hold blocks
 	// from the direct requests (TensorRT-LLM queues events until drained),
 	// so only growth proves the warm prompt's blocks arrived.
-	inv0, raw0, err := s.admin.Inventory(ctx, s.ruleName)
+	inv0, raw0, err := s.admin.Inventory(ctx, s.ruleName, 4)
 	if err != nil {
 		return labkit.FailErr(ctx, "READBACK_FAILED", err)
 	}
@@ -385,7 +385,7 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	var blocks int
 	var invRaw []byte
 	why, err := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
-		inv, raw, err := s.admin.Inventory(ctx, s.ruleName)
+		inv, raw, err := s.admin.Inventory(ctx, s.ruleName, 4)
 		if err != nil {
 			return false, err.Error(), nil
 		}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/gateway"
+	"github.com/llmgw/llmgw/gateway/adminclient"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/runbook"
 )
@@ -60,11 +61,8 @@ const (
 	defaultParityTimeout = 15 * time.Second
 	// canaryRepeats sentences make the canary span several blocks.
 	canaryRepeats = 6
-	// maxInventoryBody bounds an inventory answer (the gateway bounds the
-	// inventory itself with --kv-max-blocks).
-	maxInventoryBody = 64 << 20
-	maxAnswerBody    = 8 << 20
-	tickParity       = 25 * time.Millisecond
+	maxAnswerBody = 8 << 20
+	tickParity    = 25 * time.Millisecond
 	// The red arm flips the low bit of token 0: block 0 changes, so every
 	// chained key after it changes too.
 	redFlipIndex = 0
@@ -185,9 +183,16 @@ func canaryBody(model, prompt string, chat bool) []byte {
 // tokenizer. A gateway without the endpoint gives an error wrapping
 // errTokenizer.
 func Tokenize(ctx context.Context, t Target, body []byte) (*gateway.KVTokenization, error) {
-	b, status, err := do(ctx, t, http.MethodPost, "/v1/rules/"+url.PathEscape(t.Rule)+"/tokenize", body)
+	c, err := adminOf(t)
 	if err != nil {
 		return nil, err
+	}
+	// A non-2xx answer is an *adminclient.Error; its status and body are
+	// returned as well and classified here.
+	b, status, err := c.Do(ctx, http.MethodPost, "/v1/rules/"+url.PathEscape(t.Rule)+"/tokenize", body)
+	var apiErr *adminclient.Error
+	if err != nil && !errors.As(err, &apiErr) {
+		return nil, fmt.Errorf("%w: %w", ErrParity, err)
 	}
 	switch {
 	case status == http.StatusNotFound && !bytes.Contains(b, []byte("rule not found")):
@@ -485,67 +490,43 @@ var (
 )
 
 func readRule(ctx context.Context, t Target) (*gateway.RuleStatus, error) {
-	b, err := get(ctx, t, "/v1/rules/"+url.PathEscape(t.Rule))
+	c, err := adminOf(t)
 	if err != nil {
 		return nil, err
 	}
-	var st gateway.RuleStatus
-	if err := json.Unmarshal(b, &st); err != nil || st.Rule == nil {
-		return nil, fmt.Errorf("%w: rule %s: not a rule status (%v)", ErrParity, t.Rule, err)
+	st, _, err := c.Rule(ctx, t.Rule)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrParity, err)
+	}
+	if st.Rule == nil {
+		return nil, fmt.Errorf("%w: rule %s: not a rule status", ErrParity, t.Rule)
 	}
 	if _, err := kvhash.ParseAlgo(st.Rule.Effective().KVHashAlgo); err != nil && st.Rule.Effective().KVExactMode != 0 {
 		return nil, fmt.Errorf("%w: %w: %w", ErrParity, errBadAlgo, err)
 	}
-	return &st, nil
+	return st, nil
 }
 
 func readInventory(ctx context.Context, t Target) (map[string][]uint64, error) {
-	b, err := get(ctx, t, "/v1/rules/"+url.PathEscape(t.Rule)+"/inventory?sample=0")
+	c, err := adminOf(t)
 	if err != nil {
 		return nil, err
+	}
+	_, b, err := c.Inventory(ctx, t.Rule, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrParity, err)
 	}
 	inv, _, err := ParseInventory(b)
 	return inv, err
 }
 
-func get(ctx context.Context, t Target, path string) ([]byte, error) {
-	b, status, err := do(ctx, t, http.MethodGet, path, nil)
+// adminOf is the shared admin API client for t's gateway.
+func adminOf(t Target) (*adminclient.Client, error) {
+	c, err := adminclient.New(t.AdminBase, t.AdminToken, t.Client)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrParity, err)
 	}
-	if status != http.StatusOK {
-		return nil, fmt.Errorf("%w: GET %s answered %d: %.200s", ErrParity, path, status, b)
-	}
-	return b, nil
-}
-
-// do sends one admin request (with the bearer token) and returns the body
-// and status; the error is for transport failures.
-func do(ctx context.Context, t Target, method, path string, body []byte) ([]byte, int, error) {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(t.AdminBase, "/")+path, rd)
-	if err != nil {
-		return nil, 0, fmt.Errorf("%w: %s %s: %w", ErrParity, method, path, err)
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if t.AdminToken != "" {
-		req.Header.Set("Authorization", "Bearer "+t.AdminToken)
-	}
-	resp, err := t.Client.Do(req)
-	if err != nil {
-		return nil, 0, fmt.Errorf("%w: %s %s: %w", ErrParity, method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxInventoryBody))
-	if err != nil {
-		return nil, 0, fmt.Errorf("%w: %s %s: %w", ErrParity, method, path, err)
-	}
-	return b, resp.StatusCode, nil
+	return c, nil
 }
 
 // sendCanary sends the canary body through the gateway's data plane and

@@ -7,6 +7,7 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	_ "github.com/llmgw/llmgw/engines/all" // the adapters the lab asks
+	"github.com/llmgw/llmgw/gateway/adminclient"
 	"github.com/llmgw/llmgw/runbook"
 )
 
@@ -46,7 +47,7 @@ func WithEvidence(o, base runbook.Outcome) runbook.Outcome {
 // IsStatus reports whether err is an admin API answer with HTTP status
 // code.
 func IsStatus(err error, code int) bool {
-	var ae *runbook.AdminError
+	var ae *adminclient.Error
 	return errors.As(err, &ae) && ae.Status == code
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gateway"
+	"github.com/llmgw/llmgw/gateway/adminclient"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/runbook"
 )
@@ -181,7 +182,7 @@ func StartGateway(ctx context.Context, r *runbook.Run, dirPattern string, cfg ga
 // token file (recorded so that `llmgw cleanup` can authenticate; never the
 // token). An error means the ledger could not record the rule: the caller
 // must not create it, since nothing could clean it up after a crash.
-func OwnRule(r *runbook.Run, admin *runbook.Admin, name string, embedded bool, tokenFile string) error {
+func OwnRule(r *runbook.Run, admin *adminclient.Client, name string, embedded bool, tokenFile string) error {
 	led := LedgerOf(r)
 	if tokenFile != "" {
 		if abs, err := filepath.Abs(tokenFile); err == nil {
@@ -214,14 +215,14 @@ func OwnRule(r *runbook.Run, admin *runbook.Admin, name string, embedded bool, t
 // gateway's message), RULE_REJECTED_STATE_LEFT when a refused rule is
 // nonetheless readable, RULE_APPLY_FAILED or INTERRUPTED otherwise. With
 // ok true the caller sets the verdict (the evidence outcome has none).
-func CreateRule(ctx context.Context, admin *runbook.Admin, name string, body []byte) (out runbook.Outcome, ok bool) {
+func CreateRule(ctx context.Context, admin *adminclient.Client, name string, body []byte) (out runbook.Outcome, ok bool) {
 	resp, err := admin.Create(ctx, body)
 	out = runbook.Outcome{}.With("rule-request.json", body)
 	if err == nil {
 		return out.With("rule-effective.json", resp), true
 	}
 	out = out.With("rule-response.json", resp)
-	var ae *runbook.AdminError
+	var ae *adminclient.Error
 	if !errors.As(err, &ae) {
 		return WithEvidence(FailErr(ctx, "RULE_APPLY_FAILED", err), out), false
 	}
@@ -273,7 +274,7 @@ type ApplyOptions struct {
 // before reaching them.
 type Applied struct {
 	Gateway *gateway.Server // the embedded gateway; nil with AdminURL
-	Admin   *runbook.Admin
+	Admin   *adminclient.Client
 	Rule    *rule.Rule // the rule as sent (after Hook)
 }
 
@@ -291,7 +292,7 @@ func Apply(ctx context.Context, r *runbook.Run, o ApplyOptions) (a Applied, out 
 		a.Gateway = gw
 		adminBase = "http://" + gw.AdminAddr()
 	}
-	admin, err := runbook.NewAdmin(adminBase, o.Token, o.Client)
+	admin, err := adminclient.New(adminBase, o.Token, o.Client)
 	if err != nil {
 		return a, runbook.Fail("GATEWAY_URL", "%v", err), false
 	}
@@ -314,7 +315,7 @@ func Apply(ctx context.Context, r *runbook.Run, o ApplyOptions) (a Applied, out 
 // traffic to (DataAddress); otherwise out is the step's FAIL NOT_READY
 // (or INTERRUPTED), saying what last did not hold. A failing read is
 // retried: readiness may follow a restart of the admin API.
-func AwaitReady(ctx context.Context, admin *runbook.Admin, name string, timeout time.Duration, ready func(*gateway.RuleStatus) (bool, string), out runbook.Outcome) (last *gateway.RuleStatus, dataAddr string, _ runbook.Outcome, ok bool) {
+func AwaitReady(ctx context.Context, admin *adminclient.Client, name string, timeout time.Duration, ready func(*gateway.RuleStatus) (bool, string), out runbook.Outcome) (last *gateway.RuleStatus, dataAddr string, _ runbook.Outcome, ok bool) {
 	why, err := WaitFor(ctx, timeout, func() (bool, string, error) {
 		st, _, err := admin.Rule(ctx, name)
 		if err != nil {

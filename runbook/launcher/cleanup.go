@@ -15,6 +15,7 @@ import (
 	"github.com/ory/dockertest/v3"
 	dc "github.com/ory/dockertest/v3/docker"
 
+	"github.com/llmgw/llmgw/gateway/adminclient"
 	"github.com/llmgw/llmgw/runbook"
 )
 
@@ -261,12 +262,12 @@ func deleteRule(ctx context.Context, r runbook.OwnedRule, tokenFile string) erro
 			return fmt.Errorf("launcher: cleanup: rule %s on %s: admin token file %s is empty", r.Name, r.Admin, tokenFile)
 		}
 	}
-	a, err := runbook.NewAdmin(r.Admin, token, &http.Client{Timeout: 30 * time.Second})
+	a, err := adminclient.New(r.Admin, token, &http.Client{Timeout: 30 * time.Second})
 	if err != nil {
 		return err
 	}
 	if _, err := a.Delete(ctx, r.Name, 5*time.Second); err != nil {
-		var ae *runbook.AdminError
+		var ae *adminclient.Error
 		if r.Embedded && !errors.As(err, &ae) {
 			return nil // the process that served it is gone
 		}

@@ -378,7 +378,7 @@ func (s *state) routingWitnessed(ctx context.Context, r *runbook.Run) runbook.Ou
 		return labkit.WithEvidence(runbook.Fail("PD_SPLIT_NOT_PROVEN", "warm request: route %q names prefill %q, the evidence shows %q", rs[0].Route, w, rs[0].Prefill), out.With("requests.json", labkit.MustJSON(rs)))
 	}
 	why, err := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
-		inv, _, err := s.admin.Inventory(ctx, s.ruleName)
+		inv, _, err := s.admin.Inventory(ctx, s.ruleName, 4)
 		if err != nil {
 			return false, err.Error(), nil
 		}

@@ -56,6 +56,7 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	_ "github.com/llmgw/llmgw/engines/all" // Engines asks the registry at init
 	"github.com/llmgw/llmgw/gateway"
+	"github.com/llmgw/llmgw/gateway/adminclient"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/profiles"
 	"github.com/llmgw/llmgw/results"
@@ -253,7 +254,7 @@ type state struct {
 	workers []Worker
 	client  *http.Client
 
-	admin    *runbook.Admin
+	admin    *adminclient.Client
 	gw       *gateway.Server
 	ruleName string
 	applied  *rule.Rule

@@ -536,7 +536,7 @@ func (s *state) routeExact(ctx context.Context, r *runbook.Run) runbook.Outcome 
 	want := max(1, wr.PromptTokens/max(1, s.spec.BlockSize))
 	var invRaw []byte
 	why, err := labkit.WaitFor(ctx, s.o.ReadyTimeout, func() (bool, string, error) {
-		inv, raw, err := s.admin.Inventory(ctx, s.ruleName)
+		inv, raw, err := s.admin.Inventory(ctx, s.ruleName, 4)
 		if err != nil {
 			return false, err.Error(), nil
 		}

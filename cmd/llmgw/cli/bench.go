@@ -58,7 +58,7 @@ type BenchOverheadOptions struct {
 	Targets        string
 	Engine         string
 	NagleStall     bool
-	Format         string
+	Format         string // -o: table (the Markdown report), json or yaml
 	JSONFile       string
 }
 
@@ -109,8 +109,10 @@ with one request before any load is sent; an unreachable one ends the run.`,
 	f.StringVar(&opts.Model, "model", "m", "model name sent in requests")
 	f.StringVar(&opts.Targets, "targets", "llmgw,llmgw-proc,nginx,haproxy", "comma-separated targets besides the direct baseline: llmgw (embedded), llmgw-proc (this binary's serve as a child process), nginx, nginx-nokeepalive (a new upstream connection per request), haproxy")
 	f.StringVar(&opts.Engine, "engine", "", "simulated engine persona and the llmgw rule's kvEngineType: vllm, sglang, trtllm or llamacpp (empty: vllm)")
+	completeFlag(cmd, "engine", completeEngines())
 	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "with --engine llamacpp: the persona stalls answers on reused connections as llama-server does (~44 ms)")
-	f.StringVar(&opts.Format, "format", "markdown", "report on stdout: markdown or json")
+	addOutputFlag(cmd, &opts.Format, outputTable) // table: the Markdown report
+	deprecatedFormatFlag(cmd, io, &opts.Format, map[string]string{"markdown": outputTable})
 	f.StringVar(&opts.JSONFile, "json", "", "also write the JSON report to this file")
 	return cmd
 }
@@ -127,8 +129,8 @@ func (o *BenchOverheadOptions) config() (overhead.Config, error) {
 	if len(cfg.Targets) == 0 {
 		return cfg, usageErrorf("--targets: name at least one of llmgw, llmgw-proc, nginx, nginx-nokeepalive, haproxy")
 	}
-	if o.Format != "markdown" && o.Format != "json" {
-		return cfg, usageErrorf("--format %q: want markdown or json", o.Format)
+	if err := checkOutput(o.Format); err != nil {
+		return cfg, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, usageErrorf("%s", flagWording(err.Error()))
@@ -175,8 +177,8 @@ func writeOverhead(o *BenchOverheadOptions, rep *overhead.Report) error {
 			return fmt.Errorf("bench: --json %s: %w", o.JSONFile, err)
 		}
 	}
-	if o.Format == "json" {
-		return overhead.WriteJSON(o.IO.Out, rep)
+	if o.Format != outputTable {
+		return writeDoc(o.IO.Out, o.Format, rep)
 	}
 	return overhead.WriteMarkdown(o.IO.Out, rep)
 }
@@ -196,7 +198,7 @@ type BenchRoutingOptions struct {
 	SimConcurrency  int
 	MaxTokens       int
 	OutDir          string
-	Format          string
+	Format          string // -o: table (the Markdown report), json or yaml
 }
 
 func newBenchRoutingCmd(io *IOStreams, runF func(context.Context, *BenchRoutingOptions) error) *cobra.Command {
@@ -252,13 +254,14 @@ the JSON, Markdown and a PNG chart are written there too.`,
 	f.IntVar(&opts.SimConcurrency, "sim-concurrency", 4, "requests each engine serves at once (the rest queue); 0 = unbounded")
 	f.IntVar(&opts.MaxTokens, "max-tokens", 4, "completion cap per request")
 	f.StringVar(&opts.OutDir, "out", "", "directory for routing.json, routing.md and routing.png")
-	f.StringVar(&opts.Format, "format", "markdown", "report on stdout: markdown or json")
+	addOutputFlag(cmd, &opts.Format, outputTable) // table: the Markdown report
+	deprecatedFormatFlag(cmd, io, &opts.Format, map[string]string{"markdown": outputTable})
 	return cmd
 }
 
 func (o *BenchRoutingOptions) configs() ([]routing.Config, error) {
-	if o.Format != "markdown" && o.Format != "json" {
-		return nil, usageErrorf("--format %q: want markdown or json", o.Format)
+	if err := checkOutput(o.Format); err != nil {
+		return nil, err
 	}
 	workloads := routing.Workloads()
 	if o.Workload != "all" {
@@ -349,8 +352,8 @@ func writeRouting(o *BenchRoutingOptions, reports []*routing.Report) error {
 		}
 		fmt.Fprintf(o.IO.ErrOut, "wrote routing.json, routing.md and routing.png in %s\n", o.OutDir)
 	}
-	if o.Format == "json" {
-		return routing.WriteJSON(o.IO.Out, reports)
+	if o.Format != outputTable {
+		return writeDoc(o.IO.Out, o.Format, reports)
 	}
 	return routing.WriteMarkdown(o.IO.Out, reports)
 }

@@ -105,7 +105,8 @@ func TestBenchBadInput(t *testing.T) {
 		{"overhead unknown target", "bench overhead --targets envoy", ExitUsage, `unknown target "envoy"`},
 		{"overhead no target", "bench overhead --targets direct", ExitUsage, "name at least one of"},
 		{"overhead remote upstream", "bench overhead --upstream 192.0.2.1:80", ExitUsage, "loopback only"},
-		{"overhead bad format", "bench overhead --format yaml", ExitUsage, `--format "yaml"`},
+		{"overhead bad output", "bench overhead -o csv", ExitUsage, `-o "csv": want table, json, yaml`},
+		{"overhead deprecated bad format", "bench overhead --format csv", ExitUsage, "--format is deprecated; use -o csv"},
 		{"overhead bad duration syntax", "bench overhead --duration soon", ExitUsage, "invalid argument"},
 		{"overhead negative slice", "bench overhead --slice -1s", ExitUsage, "slice must not be negative"},
 		{"routing unknown workload", "bench routing --workload chat", ExitUsage, `unknown workload "chat"`},
@@ -114,7 +115,7 @@ func TestBenchBadInput(t *testing.T) {
 		{"routing one endpoint", "bench routing --endpoints 1", ExitUsage, "endpoints must be 2..64"},
 		{"routing zero cache", "bench routing --cache-blocks 0", ExitUsage, "cache blocks must be at least 1"},
 		{"routing negative prefill", "bench routing --prefill-per-token -1us", ExitUsage, "must not be negative"},
-		{"routing bad format", "bench routing --format csv", ExitUsage, `--format "csv"`},
+		{"routing bad format", "bench routing --format csv", ExitUsage, `-o "csv": want table, json, yaml`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -132,14 +132,14 @@ func TestRuleCommandsAgainstAGateway(t *testing.T) {
 		t.Fatalf("apply: %d %s", code, errOut)
 	}
 	code, out, _ := run("rule", "list")
-	if code != ExitOK || !strings.Contains(out, "NAME") || !strings.Contains(out, "\"mb\"") {
+	if code != ExitOK || !strings.HasPrefix(out, "NAME\tMODEL\tSEL") || !strings.Contains(out, "b\tmb\tchwbl (8)\t") {
 		t.Errorf("list: %d\n%s", code, out)
 	}
-	code, out, _ = run("rule", "get", "b")
-	if code != ExitOK || !strings.Contains(out, `"load_factor": 1.25`) {
+	code, out, _ = run("rule", "get", "b", "-o", "json")
+	if code != ExitOK || !strings.Contains(out, `"load_factor": 1.25`) || !strings.Contains(out, `"kind": "Rule"`) {
 		t.Errorf("get: %d\n%s", code, out)
 	}
-	if code, out, _ = run("rule", "drain", "b", "--endpoint", "w1"); code != ExitOK || !strings.Contains(out, `"draining": true`) {
+	if code, out, _ = run("rule", "drain", "b", "--endpoint", "w1", "-o", "json"); code != ExitOK || !strings.Contains(out, `"draining": true`) {
 		t.Errorf("drain: %d\n%s", code, out)
 	}
 	if code, _, errOut := run("rule", "delete", "a", "--drain", "1s"); code != ExitOK {

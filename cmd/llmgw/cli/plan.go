@@ -85,7 +85,9 @@ context was cancelled, or -o yaml asked for a stage the plan lacks).`,
 	f.StringVar(&o.Engine, "engine", "", "check the endpoints against this engine instead of fingerprinting: vllm, sglang, trtllm, llamacpp")
 	f.StringVar(&o.Profile, "profile", "", "catalog profile ID: its served model is checked against the pool and passed to the runbooks")
 	f.StringVar(&o.Name, "name", plan.DefaultName, "rule name of every stage")
-	f.StringVarP(&o.Output, "output", "o", "table", "output: table, json or yaml")
+	addOutputFlag(cmd, &o.Output, outputTable)
+	completeFlag(cmd, "engine", completeEngines())
+	completeFlag(cmd, "profile", completeProfiles)
 	f.IntVar(&o.Stage, "stage", 1, "-o yaml: the stage whose rule is written")
 	f.DurationVar(&o.Timeout, "timeout", plan.DefaultProbeTimeout, "deadline of each probe")
 	f.StringVar(&o.KVTokenizer, "kv-tokenizer", "", "kvTokenizer of the KV-exact stages: the model's tokenizer.json or .gguf path, or a models directory, on the gateway host (default engine, when every endpoint tokenizes alike)")
@@ -99,10 +101,8 @@ func planOptions(o *PlanOptions) (plan.Options, error) {
 	if o.Endpoints == "" {
 		return po, usageErrorf("plan needs --endpoints host:port,...")
 	}
-	switch o.Output {
-	case "table", "json", "yaml":
-	default:
-		return po, usageErrorf("-o %q: want table, json or yaml", o.Output)
+	if err := checkOutput(o.Output); err != nil {
+		return po, err
 	}
 	if o.Timeout <= 0 {
 		return po, usageErrorf("--timeout %s: want a positive duration", o.Timeout)

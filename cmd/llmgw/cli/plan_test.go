@@ -92,7 +92,7 @@ func TestPlanThreeVLLMApplyAndQualify(t *testing.T) {
 	defer gw.Close()
 	ios, out, errOut = TestIO()
 	ios.In = bytes.NewReader(yamlRule)
-	if code := Main(context.Background(), []string{"rule", "apply", "-f", "-", "--admin", "http://" + gw.AdminAddr()}, ios); code != ExitOK {
+	if code := Main(context.Background(), []string{"rule", "apply", "-f", "-", "-o", "json", "--admin", "http://" + gw.AdminAddr()}, ios); code != ExitOK {
 		t.Fatalf("rule apply -f - of the plan's stage 1: exit %d\n%s\n%s", code, errOut, yamlRule)
 	}
 	if !strings.Contains(out.String(), `"sel": 0`) || !strings.Contains(out.String(), `"path": "/health"`) {

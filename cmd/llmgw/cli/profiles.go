@@ -17,8 +17,9 @@ import (
 
 // ProfilesOptions are the inputs of `llmgw profiles`.
 type ProfilesOptions struct {
-	IO      *IOStreams
-	JSON    bool
+	IO *IOStreams
+	// Output is -o: list table, json or yaml; show yaml (default) or json.
+	Output  string
 	Engine  string // show: print only this engine's launch spec
 	Catalog func() (*profiles.Catalog, error)
 }
@@ -33,30 +34,45 @@ SGLang, TensorRT-LLM on the PyTorch backend, a llama.cpp server build) and one
 evaluation profile per model, with its tokenizer and chat-template facts, block
 size and hash algorithm per engine, launch specs, and known-BLOCKED tuples.
 
-On a terminal 'list' prints a table; otherwise tab-separated lines.`,
+'list' prints a table sized to the terminal on a terminal, tab-separated lines
+otherwise (-o table), or the whole catalog (-o json, -o yaml: kind
+ProfileCatalog). 'show' prints one profile as YAML (-o yaml, the default) or
+JSON (-o json). --json is a deprecated alias of -o json.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
+	// list and show have their own -o (their defaults differ).
+	var listOut, showOut string
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List the evaluation profiles",
 		Args:  cobra.NoArgs,
-		RunE:  func(*cobra.Command, []string) error { return profilesList(opts) },
+		RunE:  func(*cobra.Command, []string) error { return profilesList(opts.with(listOut)) },
 	}
-	list.Flags().BoolVar(&opts.JSON, "json", false, "print the full profiles and the version tuple as JSON")
+	addOutputFlag(list, &listOut, outputTable)
+	deprecatedJSONFlag(list, io, &listOut)
 	show := &cobra.Command{
 		Use:   "show ID",
-		Short: "Print one profile as YAML (or --json)",
+		Short: "Print one profile as YAML (or -o json)",
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usageErrorf("profiles show needs one profile ID (see 'llmgw profiles list')")
 			}
 			return nil
 		},
-		RunE: func(_ *cobra.Command, args []string) error { return profilesShow(opts, args[0]) },
+		ValidArgsFunction: func(cmd *cobra.Command, args []string, s string) ([]string, cobra.ShellCompDirective) {
+			if len(args) > 0 {
+				return nil, cobra.ShellCompDirectiveNoFileComp
+			}
+			return completeProfiles(cmd, args, s)
+		},
+		RunE: func(_ *cobra.Command, args []string) error { return profilesShow(opts.with(showOut), args[0]) },
 	}
-	show.Flags().BoolVar(&opts.JSON, "json", false, "print JSON instead of YAML")
+	show.Flags().StringVarP(&showOut, "output", "o", outputYAML, "output format: yaml or json")
+	completeFlag(show, "output", fixedCompletion(outputYAML, outputJSON))
+	deprecatedJSONFlag(show, io, &showOut)
 	show.Flags().StringVar(&opts.Engine, "engine", "", "print only this engine's launch spec ("+strings.Join(profiles.Engines(), ", ")+")")
+	completeFlag(show, "engine", completeEngines())
 	cmd.AddCommand(list, show)
 	return cmd
 }
@@ -73,19 +89,33 @@ func engineCell(p profiles.Profile, engine string) string {
 	return fmt.Sprintf("%d/%s", es.BlockSize, es.HashAlgo)
 }
 
+// ProfileCatalogDoc is `profiles list -o json|yaml`: the whole catalog.
+type ProfileCatalogDoc struct {
+	Kind     string                  `json:"kind"` // "ProfileCatalog"
+	Versions profiles.Versions       `json:"versions"`
+	Seed     string                  `json:"kv_hash_seed"`
+	Profiles []profiles.Profile      `json:"profiles"`
+	Blocked  []profiles.BlockedTuple `json:"blocked"`
+}
+
+// with is a copy of o printing in output.
+func (o *ProfilesOptions) with(output string) *ProfilesOptions {
+	c := *o
+	c.Output = output
+	return &c
+}
+
 func profilesList(opts *ProfilesOptions) error {
+	if err := checkOutput(opts.Output); err != nil {
+		return err
+	}
 	cat, err := opts.Catalog()
 	if err != nil {
 		return err
 	}
-	if opts.JSON {
-		doc := struct {
-			Versions profiles.Versions       `json:"versions"`
-			Seed     string                  `json:"kv_hash_seed"`
-			Profiles []profiles.Profile      `json:"profiles"`
-			Blocked  []profiles.BlockedTuple `json:"blocked"`
-		}{cat.Versions(), cat.KVHashSeed(), cat.Profiles(), cat.BlockedTuples()}
-		return writeIndentedJSON(opts.IO.Out, doc)
+	if opts.Output != outputTable {
+		doc := ProfileCatalogDoc{kindProfileCatalog, cat.Versions(), cat.KVHashSeed(), cat.Profiles(), cat.BlockedTuples()}
+		return writeDoc(opts.IO.Out, opts.Output, doc)
 	}
 	headers := []string{"ID", "MODEL", "REVISION", "API", "TEMPLATE", "BOS"}
 	for _, e := range profiles.Engines() {
@@ -112,13 +142,19 @@ func profilesList(opts *ProfilesOptions) error {
 		return results.TSV(opts.IO.Out, headers, rows)
 	}
 	v := cat.Versions()
-	footer := fmt.Sprintf("versions: vllm %s, sglang %s, trtllm %s (%s backend), llamacpp %s; kv hash seed %q\n",
+	footer := fmt.Sprintf("versions: vllm %s, sglang %s, trtllm %s (%s backend), llamacpp %s; kv hash seed %q",
 		v.VLLM.Version, v.SGLang.Version, v.TRTLLM.Version, v.TRTLLM.Backend, v.LlamaCpp.Version, cat.KVHashSeed())
-	_, err = io.WriteString(opts.IO.Out, results.Table(opts.IO.Out, headers, rows)+"\n"+footer)
+	if err := writeTable(opts.IO, headers, rows, "ID"); err != nil {
+		return err
+	}
+	_, err = io.WriteString(opts.IO.Out, results.FitLine(opts.IO.Width, footer)+"\n")
 	return err
 }
 
 func profilesShow(opts *ProfilesOptions, id string) error {
+	if err := checkOutput(opts.Output, outputYAML, outputJSON); err != nil {
+		return err
+	}
 	cat, err := opts.Catalog()
 	if err != nil {
 		return err
@@ -145,9 +181,10 @@ func profilesShow(opts *ProfilesOptions, id string) error {
 		}
 		doc = l
 	}
-	if opts.JSON {
+	if opts.Output == outputJSON {
 		return writeIndentedJSON(opts.IO.Out, doc)
 	}
+	// The catalog's own YAML (its files' keys, which the JSON tags repeat).
 	enc := yaml.NewEncoder(opts.IO.Out)
 	enc.SetIndent(2)
 	if err := enc.Encode(doc); err != nil {

@@ -36,6 +36,19 @@ type QualifyOptions struct {
 	AllowBlocked          bool
 	HealthTimeout         time.Duration
 	LogLevel              string
+	Output                string
+}
+
+// QualifyDoc is `qualify -o json|yaml`: the matrix's rows as the results
+// export document (schema llmgw.results/v1) with how the matrix ran.
+type QualifyDoc struct {
+	Kind        string  `json:"kind"` // "QualifyReport"
+	Launcher    string  `json:"launcher"`
+	Planned     int     `json:"planned"`
+	Ran         int     `json:"ran"`
+	Interrupted bool    `json:"interrupted"`
+	WallSeconds float64 `json:"wall_seconds"`
+	results.Export
 }
 
 func newQualifyCmd(io *IOStreams, runF func(*cobra.Command, *QualifyOptions) error) *cobra.Command {
@@ -51,6 +64,9 @@ performance; every row records its launcher. Known-BLOCKED tuples of the catalog
 (TensorRT-LLM x Gemma-2 / EXAONE: architecture_unsupported) are recorded BLOCKED
 with their code without launching anything.
 
+-o table (default) prints the result table sized to the terminal (tab-separated
+lines when standard output is not one); -o json and -o yaml print the matrix as
+one document (kind QualifyReport: the rows in the results export schema).
 The table is also exported as Markdown, JSON and JUnit XML under --out
 (qualify-<UTC time>.md, .json, .junit.xml); every run is under <out>/runs/.
 On simulated workers the table says so: such a result qualifies the gateway's
@@ -59,8 +75,12 @@ behaviour, not an engine.
 Exit codes: 0 every case PASS, 3 any FAIL, 4 BLOCKED without FAIL (0 with
 --allow-blocked), 130 interrupted (the case in flight is cleaned up, rows already
 recorded are kept and exported), 2 bad flags (nothing started).`,
-		Example: `  # the reference baseline on simulated workers: 30 cases, 26 PASS, 4 BLOCKED
+		Example: `  # the reference baseline on simulated workers: 35 cases, 31 PASS, 4 BLOCKED
+  # (TensorRT-LLM x Gemma-2/EXAONE); without --allow-blocked it exits 4
   llmgw qualify --engine all --modes rr,exact --allow-blocked
+
+  # the matrix as JSON for a script
+  llmgw qualify --engine vllm --modes rr -o json | jq .counts
 
   # P/D on one engine, both modes
   llmgw qualify --engine sglang --profiles qwen3-0.6b --topology pd`,
@@ -88,12 +108,21 @@ recorded are kept and exported), 2 bad flags (nothing started).`,
 	f.BoolVar(&opts.AllowBlocked, "allow-blocked", false, "exit 0 when cases are BLOCKED but none FAILed")
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s)")
 	f.StringVar(&opts.LogLevel, "log-level", "warn", "embedded gateway log level (logs go to standard error)")
+	addOutputFlag(cmd, &opts.Output, outputTable)
+	completeFlag(cmd, "engine", completeEngines("all"))
+	completeFlag(cmd, "profiles", completeList(profileIDs))
+	completeFlag(cmd, "modes", completeList(func() []string { return qualify.Modes }))
+	completeFlag(cmd, "topology", completeList(func() []string { return qualify.Topologies }))
+	completeFlag(cmd, "launcher", fixedCompletion(launcherNames...))
 	return cmd
 }
 
 // qualifyOptions validates the flags into a plan. Every error is a usage
 // error: nothing has been started.
 func qualifyOptions(o *QualifyOptions) (*qualify.Options, []qualify.Case, error) {
+	if err := checkOutput(o.Output); err != nil {
+		return nil, nil, err
+	}
 	level, err := parseLogLevel(o.LogLevel)
 	if err != nil {
 		return nil, nil, err
@@ -146,15 +175,30 @@ func qualifyRun(cmd *cobra.Command, o *QualifyOptions) error {
 	if err != nil {
 		return err
 	}
-	qo.Progress = newQualifyProgress(o.IO.ErrOut, o.IO.OutTTY)
+	qo.Progress = newQualifyProgress(o.IO.ErrOut, o.IO.OutTTY, o.IO.Width)
 	ctx := cmd.Context()
 	started := time.Now().UTC()
 	rep, runErr := qualify.Run(ctx, qo, cases, store, o.Out)
 
 	// The rows recorded so far are shown and exported even after Ctrl-C.
-	fmt.Fprintln(o.IO.Out)
-	err = errors.Join(runErr, results.WriteTable(o.IO.Out, rep.Rows))
-	fmt.Fprintf(o.IO.Out, "launcher: %s; %d of %d cases ran in %s\n", qo.Launcher, rep.Ran, rep.Planned, rep.Wall.Round(100*time.Millisecond))
+	switch {
+	case o.Output != outputTable:
+		doc := QualifyDoc{Kind: kindQualifyReport, Launcher: qo.Launcher, Planned: rep.Planned, Ran: rep.Ran,
+			Interrupted: rep.Interrupted, WallSeconds: rep.Wall.Seconds(), Export: results.NewExport(rep.Rows)}
+		err = errors.Join(runErr, writeDoc(o.IO.Out, o.Output, doc))
+	case o.IO.OutTTY:
+		fmt.Fprintln(o.IO.Out)
+		err = errors.Join(runErr, results.WriteTable(o.IO.Out, o.IO.Width, rep.Rows))
+	default:
+		// Pure TSV on stdout; the counts and the simulated note go with
+		// the messages.
+		err = errors.Join(runErr, results.WriteTSV(o.IO.Out, rep.Rows))
+		fmt.Fprintln(o.IO.ErrOut, results.Tally(rep.Rows))
+		if doc := results.NewExport(rep.Rows); doc.Note != "" {
+			fmt.Fprintln(o.IO.ErrOut, "note: "+doc.Note)
+		}
+	}
+	fmt.Fprintf(o.IO.ErrOut, "launcher: %s; %d of %d cases ran in %s\n", qo.Launcher, rep.Ran, rep.Planned, rep.Wall.Round(100*time.Millisecond))
 	paths, xerr := qualify.Export(o.Out, "qualify-"+started.Format("20060102T150405Z"), rep.Rows)
 	err = errors.Join(err, xerr)
 	for _, p := range paths {
@@ -198,10 +242,10 @@ type qualifyProgress struct {
 	steps runbook.Progress
 }
 
-func newQualifyProgress(w io.Writer, tty bool) *qualifyProgress {
+func newQualifyProgress(w io.Writer, tty bool, width int) *qualifyProgress {
 	p := &qualifyProgress{w: w, tty: tty}
 	if tty {
-		p.steps = runbook.NewProgress(w, true)
+		p.steps = runbook.NewProgress(w, true, width)
 	}
 	return p
 }

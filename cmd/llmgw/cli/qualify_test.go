@@ -102,9 +102,16 @@ func TestQualifyExitCodesAndExports(t *testing.T) {
 					t.Errorf("progress on stderr lacks %q:\n%s", want, errOut)
 				}
 			}
-			for _, want := range []string{results.SimulatedNote, "2 runs: 1 PASS, 0 FAIL, 1 BLOCKED", "architecture_unsupported", "launcher: sim"} {
+			// Not a terminal: TSV rows on stdout, the counts and notes with
+			// the messages.
+			for _, want := range []string{"\tsimulated\t", "architecture_unsupported"} {
 				if !strings.Contains(stdout, want) {
 					t.Errorf("stdout lacks %q:\n%s", want, stdout)
+				}
+			}
+			for _, want := range []string{"note: " + results.SimulatedNote, "2 runs: 1 PASS, 0 FAIL, 1 BLOCKED", "launcher: sim"} {
+				if !strings.Contains(errOut, want) {
+					t.Errorf("stderr lacks %q:\n%s", want, errOut)
 				}
 			}
 			for _, ext := range []string{".md", ".json", ".junit.xml"} {

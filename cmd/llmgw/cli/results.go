@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -16,12 +17,23 @@ import (
 
 // ResultsOptions are the inputs of `llmgw results`.
 type ResultsOptions struct {
-	IO     *IOStreams
-	Out    string   // the results directory (the runbooks' --out)
-	JSON   bool     // list, show: print JSON
-	Format string   // export: md, json, junit, tsv or table
+	IO  *IOStreams
+	Out string // the results directory (the runbooks' --out)
+	// Output is -o: table, json or yaml; for export also md, junit, tsv.
+	Output string
 	Runs   []string // export: only these run IDs (all when empty)
 	File   string   // export: write here instead of stdout
+}
+
+// exportFormats are the -o values of results export beyond the common three.
+var exportFormats = []string{string(results.FormatMarkdown), string(results.FormatJUnit), string(results.FormatTSV)}
+
+// VerifyDoc is `results verify -o json|yaml`: the run's hash check.
+type VerifyDoc struct {
+	Kind string `json:"kind"` // "ResultsVerify"
+	OK   bool   `json:"ok"`
+	results.VerifyReport
+	Problems []string `json:"problems"`
 }
 
 func newResultsCmd(io *IOStreams) *cobra.Command {
@@ -36,7 +48,16 @@ runs are appended to <out>/history.jsonl and never rewritten.
   llmgw results list                      one row per run; evidence lanes in separate columns
   llmgw results show RUN                  the run's steps, reasons, timing and evidence
   llmgw results verify RUN                recompute every hash; exit 3 naming any tampered file
-  llmgw results export --format md|json|junit [--run ID ...] [--file PATH]
+  llmgw results export -o md|json|yaml|junit|tsv [--run ID ...] [--file PATH]
+
+The results directory is --out (LLMGW_OUT), by default
+$XDG_DATA_HOME/llmgw/results, else ~/.local/share/llmgw/results: outside any
+source tree, and the same whatever directory a command runs in.
+
+-o table (the default of list, show, verify) is a table sized to the terminal
+on a terminal and tab-separated lines otherwise; -o json is the document
+(schema "llmgw.results/v1"), -o yaml the same as YAML. --json and --format
+are deprecated aliases of -o.
 
 Rows from simulated workers qualify the gateway's behaviour, not the engine.`,
 		Args: cobra.NoArgs,
@@ -44,41 +65,57 @@ Rows from simulated workers qualify the gateway's behaviour, not the engine.`,
 	}
 	cmd.PersistentFlags().StringVar(&opts.Out, "out", defaultResultsDir(), "results directory, the runbooks' --out (LLMGW_OUT; default $XDG_DATA_HOME/llmgw/results or ~/.local/share/llmgw/results)")
 
+	// Each subcommand has its own -o (their defaults differ).
+	var listOut, showOut, verifyOut, exportOut string
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List recorded runs (a table on a terminal, TSV otherwise)",
 		Args:  cobra.NoArgs,
-		RunE:  func(*cobra.Command, []string) error { return resultsList(opts) },
+		RunE:  func(*cobra.Command, []string) error { return resultsList(opts.with(listOut)) },
 	}
-	list.Flags().BoolVar(&opts.JSON, "json", false, "print the JSON export document")
+	addOutputFlag(list, &listOut, outputTable)
+	deprecatedJSONFlag(list, io, &listOut)
 
 	show := &cobra.Command{
-		Use:   "show RUN",
-		Short: "Show one run's steps, lanes and evidence",
-		Args:  exactRunArg("show"),
-		RunE:  func(_ *cobra.Command, args []string) error { return resultsShow(opts, args[0]) },
+		Use:               "show RUN",
+		Short:             "Show one run's steps, lanes and evidence",
+		Args:              exactRunArg("show"),
+		ValidArgsFunction: completeRunIDs(&opts.Out),
+		RunE:              func(_ *cobra.Command, args []string) error { return resultsShow(opts.with(showOut), args[0]) },
 	}
-	show.Flags().BoolVar(&opts.JSON, "json", false, "print run.json (with the artifact id)")
+	addOutputFlag(show, &showOut, outputTable)
+	deprecatedJSONFlag(show, io, &showOut)
 
 	verify := &cobra.Command{
-		Use:   "verify RUN",
-		Short: "Recompute a run's hashes; exit 3 if any file was changed, removed or added",
-		Args:  exactRunArg("verify"),
-		RunE:  func(_ *cobra.Command, args []string) error { return resultsVerify(opts, args[0]) },
+		Use:               "verify RUN",
+		Short:             "Recompute a run's hashes; exit 3 if any file was changed, removed or added",
+		Args:              exactRunArg("verify"),
+		ValidArgsFunction: completeRunIDs(&opts.Out),
+		RunE:              func(_ *cobra.Command, args []string) error { return resultsVerify(opts.with(verifyOut), args[0]) },
 	}
+	addOutputFlag(verify, &verifyOut, outputTable)
 
 	export := &cobra.Command{
 		Use:   "export",
-		Short: "Export runs as Markdown, JSON or JUnit XML",
+		Short: "Export runs as Markdown, JSON, YAML, JUnit XML or TSV",
 		Args:  cobra.NoArgs,
-		RunE:  func(*cobra.Command, []string) error { return resultsExport(opts) },
+		RunE:  func(*cobra.Command, []string) error { return resultsExport(opts.with(exportOut)) },
 	}
-	export.Flags().StringVar(&opts.Format, "format", "md", "md, json, junit, tsv or table")
+	addOutputFlag(export, &exportOut, string(results.FormatMarkdown), exportFormats...)
+	deprecatedFormatFlag(export, io, &exportOut, map[string]string{"markdown": string(results.FormatMarkdown)})
 	export.Flags().StringSliceVar(&opts.Runs, "run", nil, "export only these run IDs (repeatable; default all)")
+	_ = export.RegisterFlagCompletionFunc("run", completeRunIDs(&opts.Out))
 	export.Flags().StringVar(&opts.File, "file", "", "write to this file instead of standard output")
 
 	cmd.AddCommand(list, show, verify, export)
 	return cmd
+}
+
+// with is a copy of o printing in output.
+func (o *ResultsOptions) with(output string) *ResultsOptions {
+	c := *o
+	c.Output = output
+	return &c
 }
 
 func exactRunArg(verb string) cobra.PositionalArgs {
@@ -120,15 +157,18 @@ func (o *ResultsOptions) runNotFound(id string, err error) error {
 }
 
 func resultsList(opts *ResultsOptions) error {
+	if err := checkOutput(opts.Output); err != nil {
+		return err
+	}
 	rows, err := opts.rows()
 	if err != nil {
 		return err
 	}
-	if opts.JSON {
-		return results.WriteJSON(opts.IO.Out, rows)
+	if opts.Output != outputTable {
+		return writeDoc(opts.IO.Out, opts.Output, results.NewExport(rows))
 	}
 	if opts.IO.OutTTY {
-		return results.WriteTable(opts.IO.Out, rows)
+		return results.WriteTable(opts.IO.Out, opts.IO.Width, rows)
 	}
 	if err := results.WriteTSV(opts.IO.Out, rows); err != nil {
 		return err
@@ -144,6 +184,9 @@ func resultsList(opts *ResultsOptions) error {
 }
 
 func resultsShow(opts *ResultsOptions, id string) error {
+	if err := checkOutput(opts.Output); err != nil {
+		return err
+	}
 	s, ok, err := openResults(opts.Out)
 	if err != nil {
 		return err
@@ -155,13 +198,16 @@ func resultsShow(opts *ResultsOptions, id string) error {
 	if err != nil {
 		return opts.runNotFound(id, err)
 	}
-	if opts.JSON {
-		return writeIndentedJSON(opts.IO.Out, run)
+	if opts.Output != outputTable {
+		return writeDoc(opts.IO.Out, opts.Output, run)
 	}
-	return results.WriteRunDetail(opts.IO.Out, run, opts.IO.OutTTY)
+	return results.WriteRunDetail(opts.IO.Out, run, opts.IO.OutTTY, opts.IO.Width)
 }
 
 func resultsVerify(opts *ResultsOptions, id string) error {
+	if err := checkOutput(opts.Output); err != nil {
+		return err
+	}
 	s, ok, err := openResults(opts.Out)
 	if err != nil {
 		return err
@@ -173,21 +219,30 @@ func resultsVerify(opts *ResultsOptions, id string) error {
 	if err != nil {
 		return opts.runNotFound(id, err)
 	}
-	if rep.OK() {
+	problems := rep.Problems()
+	switch {
+	case opts.Output != outputTable:
+		doc := VerifyDoc{Kind: kindResultsVerify, OK: rep.OK(), VerifyReport: rep, Problems: problems}
+		if doc.Problems == nil {
+			doc.Problems = []string{}
+		}
+		if err := writeDoc(opts.IO.Out, opts.Output, doc); err != nil || rep.OK() {
+			return err
+		}
+	case rep.OK():
 		_, err := fmt.Fprintf(opts.IO.Out, "run %s: OK, %d files match SHA256SUMS, artifact %s\n", id, rep.Checked, rep.ActualArtifactID)
 		return err
-	}
-	problems := rep.Problems()
-	for _, p := range problems {
-		fmt.Fprintf(opts.IO.Out, "run %s: %s\n", id, p)
+	default:
+		for _, p := range problems {
+			fmt.Fprintf(opts.IO.Out, "run %s: %s\n", id, p)
+		}
 	}
 	return &ExitCodeError{Code: ExitFail, Err: fmt.Errorf("results verify: run %s failed verification: %s", id, strings.Join(problems, "; "))}
 }
 
 func resultsExport(opts *ResultsOptions) error {
-	f, err := results.ParseFormat(opts.Format)
-	if err != nil {
-		return usageErrorf("--format: %v", err)
+	if err := checkOutput(opts.Output, append(append([]string(nil), outputFormats...), exportFormats...)...); err != nil {
+		return err
 	}
 	rows, err := opts.rows()
 	if err != nil {
@@ -208,11 +263,17 @@ func resultsExport(opts *ResultsOptions) error {
 		}
 		rows = picked
 	}
+	render := func(w io.Writer) error {
+		if opts.Output == outputYAML {
+			return writeDoc(w, outputYAML, results.NewExport(rows))
+		}
+		return results.Render(w, results.Format(opts.Output), rows)
+	}
 	if opts.File == "" {
-		return results.Render(opts.IO.Out, f, rows)
+		return render(opts.IO.Out)
 	}
 	var buf bytes.Buffer
-	if err := results.Render(&buf, f, rows); err != nil {
+	if err := render(&buf); err != nil {
 		return err
 	}
 	if err := results.WriteFileAtomic(opts.File, buf.Bytes()); err != nil {

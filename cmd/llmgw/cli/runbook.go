@@ -36,6 +36,8 @@ type RunbookOptions struct {
 	LogLevel              string
 	// Plan is an 'llmgw plan -o json' file the tuple is taken from.
 	Plan string
+	// Output is -o: table, json or yaml.
+	Output string
 }
 
 // launcherNames are the valid --launcher values.
@@ -64,10 +66,13 @@ results'):
   5 read back                    effective rule equals what was applied; readiness holds
   6 deliver through the gateway  JSON and SSE correlated with worker receipts; negative
                                  requests (unknown model, malformed body) leave no receipt
-  7 routing evidence             rr spread, chwbl stickiness, or exact: a same-prefix
+  7 hash parity                  mode exact only: the gateway's block hashes of a canary
+                                 are among those the worker publishes, a one-token red
+                                 arm misses
+  8 routing evidence             rr spread, chwbl stickiness, or exact: a same-prefix
                                  follow-up lands on the warmed worker, cached tokens rise
-  8 drain                        in-flight reaches 0, the drained worker gets nothing new
-  9 cleanup                      always, also on FAIL and Ctrl-C
+  9 drain                        in-flight reaches 0, the drained worker gets nothing new
+ 10 cleanup                      always, also on FAIL and Ctrl-C
 
 Launchers:
   sim     in-process simulators on kernel-chosen loopback ports (default)
@@ -81,6 +86,11 @@ Launchers:
   attach  --endpoints host:port,... already running; nothing launched or stopped
 
 llamacpp has no KV events: --mode exact with --engine llamacpp is a usage error.
+
+Output: progress on standard error; the run's detail and summary row on
+standard output, as tables sized to the terminal (-o table, tab-separated when
+not a terminal) or one document (-o json, -o yaml: kind RunbookRun, the run
+as 'llmgw results show -o json' prints it and its summary row).
 
 Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 (cleanup done first), 2 bad flags (nothing started). What a run owns is
@@ -126,6 +136,11 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s; docker 10m)")
 	addLabLogFlag(f, &opts.LogLevel)
 	f.StringVar(&opts.Plan, "plan", "", "take engine, profile, attached endpoints and (without --mode) stage 1's mode from 'llmgw plan -o json' output")
+	addLabOutputFlag(conv, &opts.Output)
+	completeFlag(conv, "engine", completeEngines())
+	completeFlag(conv, "profile", completeProfiles)
+	completeFlag(conv, "mode", fixedCompletion(converged.Modes...))
+	completeFlag(conv, "launcher", fixedCompletion(launcherNames...))
 	cmd.AddCommand(conv)
 	return cmd
 }
@@ -211,7 +226,7 @@ func runbookConvergedRun(cmd *cobra.Command, o *RunbookOptions) error {
 	if err != nil {
 		return err
 	}
-	return runLab(cmd, o.IO, o.Out, func(ctx context.Context, store *results.Store, prog runbook.Progress) (runbook.Report, error) {
+	return runLab(cmd, o.IO, o.Out, o.Output, func(ctx context.Context, store *results.Store, prog runbook.Progress) (runbook.Report, error) {
 		return converged.Execute(ctx, co, store, o.Out, prog)
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/llmgw/llmgw/gateway/adminclient"
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
 )
@@ -57,7 +58,7 @@ func labGatewayToken(gateway, tokenFile string) (string, error) {
 		token = strings.TrimSpace(string(b))
 	}
 	if gateway != "" {
-		if _, err := runbook.NewAdmin(gateway, "", nil); err != nil {
+		if _, err := adminclient.New(gateway, "", nil); err != nil {
 			return "", usageErrorf("--gateway: %v", err)
 		}
 	}
@@ -77,24 +78,60 @@ func labValidated(err, invalid error) error {
 // standard error, prints the run's detail and summary row, and maps the
 // run to its exit code (runbookExit). An error before the run has an ID
 // is returned as is.
-func runLab(cmd *cobra.Command, io *IOStreams, out string, exec func(context.Context, *results.Store, runbook.Progress) (runbook.Report, error)) error {
+// RunbookDoc is `runbook converged|pd -o json|yaml`: the finished run
+// (run.json with its artifact id, as 'results show -o json' prints it) and
+// its summary row (as in 'results list -o json'). Run is absent when the
+// run record could not be read back.
+type RunbookDoc struct {
+	Kind    string             `json:"kind"` // "RunbookRun"
+	Runbook string             `json:"runbook"`
+	Run     *results.Run       `json:"run,omitempty"`
+	Summary results.RunSummary `json:"summary"`
+}
+
+// addLabOutputFlag registers the runbooks' -o.
+func addLabOutputFlag(cmd *cobra.Command, output *string) {
+	addOutputFlag(cmd, output, outputTable)
+}
+
+// runLab opens the results store at out, runs exec with progress on
+// standard error, prints the run (output: its detail and summary row as
+// tables, or one RunbookDoc), and maps the run to its exit code
+// (runbookExit). An error before the run has an ID is returned as is.
+func runLab(cmd *cobra.Command, io *IOStreams, out, output string, exec func(context.Context, *results.Store, runbook.Progress) (runbook.Report, error)) error {
+	if err := checkOutput(output); err != nil {
+		return err
+	}
 	store, err := results.Open(out)
 	if err != nil {
 		return err
 	}
-	rep, err := exec(cmd.Context(), store, runbook.NewProgress(io.ErrOut, io.OutTTY))
+	rep, err := exec(cmd.Context(), store, runbook.NewProgress(io.ErrOut, io.OutTTY, io.Width))
 	if err != nil && rep.Summary.ID == "" {
 		return err
 	}
-	if run, gerr := store.Get(rep.Summary.ID); gerr == nil {
-		fmt.Fprintln(io.Out)
-		err = errors.Join(err, results.WriteRunDetail(io.Out, run, io.OutTTY))
-	}
-	fmt.Fprintln(io.Out)
+	run, gerr := store.Get(rep.Summary.ID)
 	rows := []results.RunSummary{rep.Summary}
-	if io.OutTTY {
-		err = errors.Join(err, results.WriteTable(io.Out, rows))
-	} else {
+	switch {
+	case output != outputTable:
+		doc := RunbookDoc{Kind: kindRunbookRun, Runbook: cmd.Name(), Summary: rep.Summary}
+		if gerr == nil {
+			doc.Run = run
+		}
+		err = errors.Join(err, writeDoc(io.Out, output, doc))
+	case io.OutTTY:
+		if gerr == nil {
+			fmt.Fprintln(io.Out)
+			err = errors.Join(err, results.WriteRunDetail(io.Out, run, true, io.Width))
+		}
+		fmt.Fprintln(io.Out)
+		err = errors.Join(err, results.WriteTable(io.Out, io.Width, rows))
+	default:
+		if gerr == nil {
+			fmt.Fprintln(io.Out)
+			err = errors.Join(err, results.WriteRunDetail(io.Out, run, false, 0))
+		}
+		fmt.Fprintln(io.Out)
 		err = errors.Join(err, results.WriteTSV(io.Out, rows))
 	}
 	fmt.Fprintf(io.ErrOut, "results: %s (llmgw results show %s --out %s)\n", store.RunDir(rep.Summary.ID), rep.Summary.ID, out)

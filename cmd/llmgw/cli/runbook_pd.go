@@ -35,6 +35,8 @@ type RunbookPDOptions struct {
 	LogLevel              string
 	// Plan is an 'llmgw plan -o json' file the tuple is taken from.
 	Plan string
+	// Output is -o: table, json or yaml.
+	Output string
 }
 
 // withRunbookPD adds the pd subcommand to the runbook command.
@@ -73,6 +75,8 @@ BLOCKED or SKIPPED with a reason and evidence files under <out>/runs/<run-id>/:
 Launchers: sim (default), attach (--prefill-endpoints and --decode-endpoints);
 docker cannot start P/D roles yet and is recorded BLOCKED (launcher_no_pd_roles).
 
+Output: as 'llmgw runbook converged' (-o table, json or yaml; kind RunbookRun).
+
 Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 (cleanup done first), 2 bad flags (nothing started).`,
 		Example: `  # simulated vLLM prefill/decode, KV-exact prefill scoring
@@ -109,6 +113,10 @@ Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 	f.BoolVar(&opts.AcceptVersionMismatch, "accept-version-mismatch", false, "qualify real workers that report an engine version other than the catalog tuple's (the mismatch stays on the row)")
 	addLabLogFlag(f, &opts.LogLevel)
 	f.StringVar(&opts.Plan, "plan", "", "take engine, profile, prefill/decode endpoints and bootstrap port from 'llmgw plan -o json' output")
+	addLabOutputFlag(cmd, &opts.Output)
+	completeFlag(cmd, "engine", fixedCompletion(pd.Engines...))
+	completeFlag(cmd, "profile", completeProfiles)
+	completeFlag(cmd, "launcher", fixedCompletion(results.LauncherSim, results.LauncherAttach))
 	return cmd
 }
 
@@ -182,7 +190,7 @@ func runbookPDRun(cmd *cobra.Command, o *RunbookPDOptions) error {
 	if err != nil {
 		return err
 	}
-	return runLab(cmd, o.IO, o.Out, func(ctx context.Context, store *results.Store, prog runbook.Progress) (runbook.Report, error) {
+	return runLab(cmd, o.IO, o.Out, o.Output, func(ctx context.Context, store *results.Store, prog runbook.Progress) (runbook.Report, error) {
 		return pd.Execute(ctx, po, store, o.Out, prog)
 	})
 }

@@ -85,6 +85,7 @@ Control endpoints on the HTTP address (none with --receipts=false):
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Engine, "engine", "", "engine persona: vllm, sglang, trtllm or llamacpp (required)")
+	completeFlag(cmd, "engine", completeEngines())
 	f.StringVar(&opts.Listen, "listen", "127.0.0.1:0", "HTTP address (host:port; port 0 picks a free one)")
 	f.StringVar(&opts.Model, "model", "Qwen/Qwen3-0.6B", "served model name")
 	f.StringVar(&opts.Role, "role", sim.RoleBoth, "disaggregation role: both, prefill or decode")
