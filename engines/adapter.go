@@ -69,6 +69,14 @@ const (
 // (origin-5xx streak): an engine fault or overload, never the client's.
 func (f Fault) Demotes() bool { return f == FaultEngine || f == FaultOverloaded }
 
+// Healthy reports whether the answer says nothing against the endpoint
+// (FaultNone).
+func (f Fault) Healthy() bool { return f == FaultNone }
+
+// ClientsFault reports whether the answer is the client's fault: relayed,
+// never counted toward the endpoint's demotion, whatever its status.
+func (f Fault) ClientsFault() bool { return f == FaultClient }
+
 func (f Fault) String() string {
 	switch f {
 	case FaultNone:
@@ -216,6 +224,11 @@ const (
 	// request carrying its disaggregated params (TensorRT-LLM).
 	PDContextGeneration
 )
+
+// Concurrent reports whether the shape sends both legs at once (the
+// decode joins the prefill through a rendezvous), rather than the decode
+// after the prefill's answer.
+func (s PDShape) Concurrent() bool { return s == PDConcurrent }
 
 func (s PDShape) String() string {
 	switch s {

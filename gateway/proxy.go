@@ -14,7 +14,6 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 
-	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/gateway/openai"
 	"github.com/llmgw/llmgw/gateway/policy"
 	"github.com/llmgw/llmgw/gateway/upstream"
@@ -457,10 +456,10 @@ func (s *Server) recordAnswer(rt *ruleRuntime, ep *upstream.Endpoint, status int
 	if b == nil {
 		return
 	}
-	switch rt.engine.Classify(status, body) {
-	case engines.FaultNone:
+	switch f := rt.engine.Classify(status, body); {
+	case f.Healthy():
 		b.RecordSuccess()
-	case engines.FaultClient:
+	case f.ClientsFault():
 		if status >= 500 {
 			s.metrics.clientFault5xx.WithLabelValues(rt.rule.Name, ep.ID).Inc()
 		}

@@ -180,8 +180,7 @@ func (s *state) directPair(ctx context.Context, proto engines.PDProtocol, pair *
 		return directLeg{Worker: w.ID, Role: w.Role, Exchange: ex}
 	}
 	var pl, dl directLeg
-	switch proto.Shape() {
-	case engines.PDConcurrent:
+	if proto.Shape().Concurrent() {
 		dBody, err := proto.DecodeBody(body, pair, engines.HandOff{})
 		if err != nil {
 			return nil, runbook.Fail("DIRECT_REQUEST_FAILED", "decode body: %v", err), false
@@ -195,7 +194,7 @@ func (s *state) directPair(ctx context.Context, proto engines.PDProtocol, pair *
 		if o, ok := legAnswered(pl, false); !ok {
 			return []directLeg{pl, dl}, o, false
 		}
-	default:
+	} else {
 		pl = post(p, pBody)
 		if o, ok := legAnswered(pl, false); !ok {
 			return []directLeg{pl}, o, false
