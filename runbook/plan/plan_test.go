@@ -25,8 +25,12 @@ import (
 // publish root blocks.
 const warmPrompt = "Plan warm-up: a shared system prompt that fills several KV blocks so the engine publishes BlockStored events the planner can read back from the replay socket, with enough words for two blocks of thirty-two tokens each, and then some more words to be safe."
 
+// startSim starts a receipt-less simulator (no /_sim/* surface), as silent as
+// a real engine: the planner must work from the engine's own surfaces. The
+// test itself still reads the receipts in-process (Sim.Receipts).
 func startSim(t *testing.T, cfg sim.Config) *sim.Sim {
 	t.Helper()
+	cfg.Silent = true
 	s, err := sim.Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
