@@ -15,6 +15,7 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/engines/trtllm"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 func startSimT(t *testing.T, cfg sim.Config) *sim.Sim {
@@ -211,7 +212,7 @@ func TestPDLegFailures(t *testing.T) {
 				t.Errorf("took %v: a failing leg must not hang the request", took)
 			}
 			rt := s.rules["pd"]
-			eventually(t, 5*time.Second, "legs to be released", func() bool { return rt.inFlight() == 0 })
+			wait.For(t, 5*time.Second, "legs to be released", func() bool { return rt.inFlight() == 0 })
 		})
 	}
 }
@@ -403,7 +404,7 @@ func TestPDSGLangPrefillRejectionAndRetry(t *testing.T) {
 		if time.Since(start) > 2*time.Second {
 			t.Errorf("took %v: the decode leg was not aborted", time.Since(start))
 		}
-		eventually(t, 5*time.Second, "legs released", func() bool { return s.rules["pd"].inFlight() == 0 })
+		wait.For(t, 5*time.Second, "legs released", func() bool { return s.rules["pd"].inFlight() == 0 })
 	})
 	t.Run("a dead prefill is retried once with a fresh pair and room", func(t *testing.T) {
 		good := startSimT(t, sim.Config{Engine: engines.SGLang, Role: sim.RolePrefill})

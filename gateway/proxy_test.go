@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 func TestRoutingByModel(t *testing.T) {
@@ -290,7 +292,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 		t.Fatal("backend never noticed the client disconnect")
 	}
 	rt := s.rules["r"]
-	eventually(t, 5*time.Second, "in-flight to drop to 0", func() bool { return rt.inFlight() == 0 })
+	wait.For(t, 5*time.Second, "in-flight to drop to 0", func() bool { return rt.inFlight() == 0 })
 }
 
 func TestUpstreamDeathMidStreamEndsWithErrorEvent(t *testing.T) {

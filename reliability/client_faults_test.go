@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/wait"
 	"github.com/llmgw/llmgw/reliability/harness"
 )
 
@@ -126,7 +127,7 @@ func TestSlowAndVanishingClientsFreeResources(t *testing.T) {
 			// fasthttp parks idle worker goroutines for up to 10 s; the
 			// baseline is taken once the warm-up's have gone.
 			var base resources
-			eventually(t, 20*time.Second, "a stable baseline", func() bool {
+			wait.For(t, 20*time.Second, "a stable baseline", func() bool {
 				r := gatewayResources(t, g)
 				stable := r == base
 				base = r
@@ -163,7 +164,7 @@ func TestSlowAndVanishingClientsFreeResources(t *testing.T) {
 			// The gateway has accepted the attacking connections (on a busy
 			// machine its accept loop may lag the dials a little).
 			var peak resources
-			eventually(t, 10*time.Second, "the gateway to hold the attacking connections", func() bool {
+			wait.For(t, 10*time.Second, "the gateway to hold the attacking connections", func() bool {
 				peak = gatewayResources(t, g)
 				return peak.fds >= base.fds+conns
 			})
@@ -176,7 +177,7 @@ func TestSlowAndVanishingClientsFreeResources(t *testing.T) {
 				t.Fatalf("attacking connections still open after %v", tc.cutBy)
 			}
 			var now resources
-			took := eventually(t, 20*time.Second, "fds and goroutines back to the baseline", func() bool {
+			took := wait.For(t, 20*time.Second, "fds and goroutines back to the baseline", func() bool {
 				now = gatewayResources(t, g)
 				return now.fds <= base.fds && now.goroutines <= base.goroutines
 			})

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/wait"
 	"github.com/llmgw/llmgw/reliability/harness"
 )
 
@@ -79,7 +80,7 @@ func TestNetworkPartitionBetweenHosts(t *testing.T) {
 	}
 	probe := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	for _, ip := range ips {
-		eventually(t, 30*time.Second, "worker "+ip+" healthy", func() bool {
+		wait.For(t, 30*time.Second, "worker "+ip+" healthy", func() bool {
 			resp, err := probe.Get("http://" + ip + ":8000/health")
 			if err != nil {
 				return false
@@ -96,7 +97,7 @@ func TestNetworkPartitionBetweenHosts(t *testing.T) {
 		fmt.Fprintf(&rule, "  - {id: w%d, endpointIP: %s, targetPort: 8000}\n", i+1, ip)
 	}
 	putRule(t, g, "r", rule.String())
-	eventually(t, 10*time.Second, "three healthy endpoints", func() bool {
+	wait.For(t, 10*time.Second, "three healthy endpoints", func() bool {
 		return metric(t, g, "llmgw_endpoint_available", "rule", "r") == 3
 	})
 
@@ -128,7 +129,7 @@ func TestNetworkPartitionBetweenHosts(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, 10*time.Second, "load on every worker", func() bool {
+	wait.For(t, 10*time.Second, "load on every worker", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		seen := map[string]bool{}
@@ -143,7 +144,7 @@ func TestNetworkPartitionBetweenHosts(t *testing.T) {
 		wg.Wait()
 		t.Fatal(err)
 	}
-	took := eventually(t, 5*time.Second, "w2 marked down", func() bool {
+	took := wait.For(t, 5*time.Second, "w2 marked down", func() bool {
 		return metric(t, g, "llmgw_endpoint_healthy", "rule", "r", "endpoint", "w2") == 0
 	})
 	markedAt := time.Now()
@@ -195,7 +196,7 @@ func TestNetworkPartitionBetweenHosts(t *testing.T) {
 	if ip, _ := harness.Docker(ctx, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", containers[1]); ip != ips[1] {
 		t.Fatalf("w2 came back as %q, not %s; the rule still names the old address", ip, ips[1])
 	}
-	readmit := eventually(t, 10*time.Second, "w2 readmitted", func() bool {
+	readmit := wait.For(t, 10*time.Second, "w2 readmitted", func() bool {
 		return metric(t, g, "llmgw_endpoint_available", "rule", "r", "endpoint", "w2") == 1
 	})
 	onW2 := 0

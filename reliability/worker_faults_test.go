@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/wait"
 	"github.com/llmgw/llmgw/reliability/harness"
 )
 
@@ -165,21 +166,21 @@ func worldDown(t *testing.T, tc downCase) (g *harness.Gateway, sims []*harness.S
 	}
 	g = startGW(t, "")
 	putRule(t, g, "r", ruleFor(t, "r", probeRule, sims...))
-	eventually(t, 5*time.Second, "all three endpoints healthy", func() bool {
+	wait.For(t, 5*time.Second, "all three endpoints healthy", func() bool {
 		return metric(t, g, "llmgw_endpoint_healthy", "rule", "r") == 3
 	})
 	c := newClient(t, 10*time.Second)
 	ctx, stop := context.WithCancel(t.Context())
 	defer stop()
-	wait := load(ctx, c, g.URL(), 4)
+	collect := load(ctx, c, g.URL(), 4)
 	// Let every worker take traffic before the fault.
-	eventually(t, 5*time.Second, "w2 to serve some requests", func() bool {
+	wait.For(t, 5*time.Second, "w2 to serve some requests", func() bool {
 		rs, err := sims[1].Receipts(t.Context())
 		return err == nil && len(rs) >= 5
 	})
 	faultAt = time.Now()
 	tc.down(t, sims[1])
-	took := eventually(t, probeWindow, "w2 marked down", func() bool {
+	took := wait.For(t, probeWindow, "w2 marked down", func() bool {
 		return metric(t, g, "llmgw_endpoint_healthy", "rule", "r", "endpoint", "w2") == 0
 	})
 	markedAt = time.Now()
@@ -190,7 +191,7 @@ func worldDown(t *testing.T, tc downCase) (g *harness.Gateway, sims []*harness.S
 		time.Sleep(20 * time.Millisecond)
 	}
 	stop()
-	return g, sims, wait(), faultAt, markedAt
+	return g, sims, collect(), faultAt, markedAt
 }
 
 // TestWorkerDownTrafficShifts: a worker dies (or fails its health check)
@@ -239,7 +240,7 @@ func TestWorkerBackReadmitted(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			g, sims, _, _, _ := worldDown(t, tc)
 			w2 := tc.back(t, sims[1])
-			took := eventually(t, probeWindow+time.Second, "w2 marked up with its breaker closed", func() bool {
+			took := wait.For(t, probeWindow+time.Second, "w2 marked up with its breaker closed", func() bool {
 				return metric(t, g, "llmgw_endpoint_available", "rule", "r", "endpoint", "w2") == 1
 			})
 			t.Logf("w2 readmitted %v after it came back", took.Round(time.Millisecond))
