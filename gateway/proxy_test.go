@@ -191,9 +191,12 @@ func TestRequestIDAndRouteHeaders(t *testing.T) {
 	}
 }
 
-// sseBackend streams two events; the second waits until release is closed,
-// so the test can prove the first one reached the client alone.
-func sseBackend(t *testing.T, release <-chan struct{}, gone chan<- error) *backend {
+// sseBackend streams events; the second waits until release is closed,
+// so the test can prove the first one reached the client alone. It then
+// writes events 2..199 and [DONE], or, when endless, writes until a write
+// fails (only the client side going away ends it). gone gets the write
+// error, or nil after [DONE].
+func sseBackend(t *testing.T, release <-chan struct{}, gone chan<- error, endless bool) *backend {
 	return newBackend(t, "sse", func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/event-stream")
 		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
@@ -203,14 +206,12 @@ func sseBackend(t *testing.T, release <-chan struct{}, gone chan<- error) *backe
 				return
 			}
 			<-release
-			// Keep writing until the client side goes away or we finish.
-			for i := 2; i < 200; i++ {
+			for i := 2; endless || i < 200; i++ {
 				fmt.Fprintf(w, "data: {\"n\":%d}\n\n", i)
 				if err := w.Flush(); err != nil {
 					gone <- err
 					return
 				}
-				time.Sleep(2 * time.Millisecond) // pacing of a token stream, not a wait for a condition
 			}
 			fmt.Fprintf(w, "data: [DONE]\n\n")
 			_ = w.Flush()
@@ -222,7 +223,7 @@ func sseBackend(t *testing.T, release <-chan struct{}, gone chan<- error) *backe
 func TestSSERelayedEventByEvent(t *testing.T) {
 	release := make(chan struct{})
 	gone := make(chan error, 1)
-	b := sseBackend(t, release, gone)
+	b := sseBackend(t, release, gone, false)
 	s := startGateway(t, "", nil)
 	mustApply(t, s, ruleYAML("r", "m1", "", b))
 	conn, err := net.Dial("tcp", s.Addr())
@@ -265,7 +266,9 @@ func TestSSERelayedEventByEvent(t *testing.T) {
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	release := make(chan struct{})
 	gone := make(chan error, 1)
-	b := sseBackend(t, release, gone)
+	// An endless stream: only the cancel can end it (the old 200-event
+	// stream raced the cancel against its own 400 ms of pacing).
+	b := sseBackend(t, release, gone, true)
 	s := startGateway(t, "", nil)
 	mustApply(t, s, ruleYAML("r", "m1", "", b))
 	conn, err := net.Dial("tcp", s.Addr())
@@ -287,7 +290,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	select {
 	case err := <-gone:
 		if err == nil {
-			t.Fatal("backend finished its whole stream: the client's disconnect did not cancel it")
+			t.Fatal("backend finished an endless stream")
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("backend never noticed the client disconnect")
