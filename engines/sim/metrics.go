@@ -167,9 +167,14 @@ func (s *Sim) collectMetrics(ch chan<- prometheus.Metric) {
 
 // renderMetrics returns the persona's Prometheus text (format 0.0.4),
 // gathered through a client_golang registry holding only the persona's
-// collector. Families come out sorted by name and labels by label name,
-// as client_golang writes them; the engines write them in registration
-// order, which no scraper depends on.
+// collector. Names, types and label sets are the engines'; three things
+// client_golang writes its own way, the same samples to any scraper:
+// families come out sorted by name and labels by label name (the engines
+// write registration order); values are Go's shortest form ("35",
+// "390.2439024390244": llama-server's C++ stream writes 390.244 and
+// Python's prometheus_client writes 35.0); and no _created series are
+// written (whether each engine's deployment emits them is not
+// established).
 func (s *Sim) renderMetrics() ([]byte, error) {
 	s.promOnce.Do(func() {
 		s.promReg = prometheus.NewPedanticRegistry()
