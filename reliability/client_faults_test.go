@@ -176,10 +176,18 @@ func TestSlowAndVanishingClientsFreeResources(t *testing.T) {
 			case <-time.After(tc.cutBy):
 				t.Fatalf("attacking connections still open after %v", tc.cutBy)
 			}
+			// Resources come back once fasthttp's idle-worker cleaner has
+			// run: a worker parks for up to MaxIdleWorkerDuration (10 s by
+			// default) and the cleaner looks every 10 s, so up to ~20 s in
+			// the normal course (fasthttp workerpool.go). The deadline only
+			// detects a leak: three times that.
 			var now resources
-			took := wait.For(t, 20*time.Second, "fds and goroutines back to the baseline", func() bool {
+			took := wait.ForErr(t, 60*time.Second, "fds and goroutines back to the baseline", func() error {
 				now = gatewayResources(t, g)
-				return now.fds <= base.fds && now.goroutines <= base.goroutines
+				if now.fds <= base.fds && now.goroutines <= base.goroutines {
+					return nil
+				}
+				return fmt.Errorf("baseline %+v, under attack %+v, now %+v", base, peak, now)
 			})
 			t.Logf("baseline %+v, under attack %+v, after %+v; connections closed by %v; back to baseline %v later",
 				base, peak, now, slowest.Round(time.Millisecond), took.Round(time.Millisecond))
