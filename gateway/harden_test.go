@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // scripted is a worker written by hand on raw TCP, for what no engine does
@@ -488,7 +490,7 @@ func TestBufferBudget(t *testing.T) {
 	if got := s.metricValue(t, "llmgw_buffer_budget_exceeded_total", "refused"); got != 1 {
 		t.Errorf("budget refused metric = %v; want 1", got)
 	}
-	eventually(t, 5*time.Second, "the budget to be given back", func() bool { return s.budget.used.Load() == 0 })
+	wait.For(t, 5*time.Second, "the budget to be given back", func() bool { return s.budget.used.Load() == 0 })
 }
 
 // TestClientLeavingCancelsTheWorker: a client that closes its connection
@@ -522,11 +524,11 @@ func TestClientLeavingCancelsTheWorker(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the worker's connection stayed open after the client left")
 		}
-		eventually(t, 5*time.Second, "the cancel to be counted", func() bool {
+		wait.For(t, 5*time.Second, "the cancel to be counted", func() bool {
 			return s.metricValue(t, "llmgw_client_cancels_total", "r") == 1
 		})
 		rt := s.rules["r"]
-		eventually(t, 5*time.Second, "in-flight to drop to 0", func() bool { return rt.inFlight() == 0 })
+		wait.For(t, 5*time.Second, "in-flight to drop to 0", func() bool { return rt.inFlight() == 0 })
 	})
 	t.Run("TLS client closes while waiting", func(t *testing.T) {
 		closed := make(chan struct{})
@@ -591,7 +593,7 @@ func TestClientLeavingCancelsTheWorker(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("the worker kept streaming to a client that stopped reading")
 		}
-		eventually(t, 5*time.Second, "the cancel to be counted", func() bool {
+		wait.For(t, 5*time.Second, "the cancel to be counted", func() bool {
 			return s.metricValue(t, "llmgw_client_cancels_total", "r") == 1
 		})
 	})

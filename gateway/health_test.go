@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // deadPort returns a loopback port with nothing listening on it.
@@ -154,7 +156,7 @@ func TestBreakerHalfOpenHeals(t *testing.T) {
 		t.Fatalf("open breaker, only endpoint: status %d; want 503 from the gateway", resp.StatusCode)
 	}
 	failing.Store(false)
-	eventually(t, 5*time.Second, "half-open trial to succeed", func() bool {
+	wait.For(t, 5*time.Second, "half-open trial to succeed", func() bool {
 		resp, _ := post(t, c, url, chatBody)
 		return resp.StatusCode == 200
 	})
@@ -171,7 +173,7 @@ func TestProbeMarksDownAndUp(t *testing.T) {
 	mustApply(t, s, ruleYAML("r", "m1", "sel: 0", a, b))
 	rt := s.rules["r"]
 	a.health.Store(503)
-	eventually(t, 5*time.Second, "w1 to be marked down", func() bool { return rt.eps[0].Down() })
+	wait.For(t, 5*time.Second, "w1 to be marked down", func() bool { return rt.eps[0].Down() })
 	c := newClient(t)
 	before := a.hits.Load()
 	for i := 0; i < 8; i++ {
@@ -183,7 +185,7 @@ func TestProbeMarksDownAndUp(t *testing.T) {
 		t.Errorf("a down endpoint received traffic")
 	}
 	a.health.Store(0)
-	eventually(t, 5*time.Second, "w1 to be readmitted", func() bool { return !rt.eps[0].Down() })
+	wait.For(t, 5*time.Second, "w1 to be readmitted", func() bool { return !rt.eps[0].Down() })
 	if got := s.metricValue(t, "llmgw_probe_transitions_total", "r", "w1", "down"); got != 1 {
 		t.Errorf("probe down transitions = %v; want 1", got)
 	}

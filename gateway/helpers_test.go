@@ -204,18 +204,6 @@ func post(t *testing.T, c *http.Client, url, body string, hdr ...string) (*http.
 	return resp, string(data)
 }
 
-// eventually polls cond every 5 ms until it holds or the deadline passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 const chatBody = `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`
 
 // metricValue sums the samples of family name whose label values include

@@ -17,6 +17,7 @@ import (
 	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/internal/testfix"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // kvTokenizerLine matches the kvTokenizer line kvRule writes.
@@ -83,7 +84,7 @@ func TestKVExactEndToEnd(t *testing.T) {
 			gw := startGateway(t, "", nil)
 			mustApply(t, gw, kvRule(t, "kv", string(tc.engine), tc.blockSize, sims))
 			rt := gw.rules["kv"]
-			eventually(t, 10*time.Second, "event streams to connect", func() bool {
+			wait.For(t, 10*time.Second, "event streams to connect", func() bool {
 				for i := range rt.kv.pool {
 					if _, conn, _ := rt.kv.ready(i); !conn {
 						return false
@@ -108,7 +109,7 @@ func TestKVExactEndToEnd(t *testing.T) {
 					pos = i
 				}
 			}
-			eventually(t, 10*time.Second, "the warmed worker's inventory to fill", func() bool { return rt.kv.index.Blocks(pos) > 0 })
+			wait.For(t, 10*time.Second, "the warmed worker's inventory to fill", func() bool { return rt.kv.index.Blocks(pos) > 0 })
 
 			// 2. A follow-up sharing the prefix lands there, and the engine
 			// reports the reuse.
@@ -167,7 +168,7 @@ func TestKVExactEndToEnd(t *testing.T) {
 			// (sequence from 0) arrives: a regression. Keep the engine busy,
 			// as a real one is, until the subscriber has reconnected.
 			n := 0
-			eventually(t, 10*time.Second, "a resync after the publisher restart", func() bool {
+			wait.For(t, 10*time.Second, "a resync after the publisher restart", func() bool {
 				n++
 				post(t, c, "http://"+simX.Addrs().HTTP+"/v1/chat/completions", chatBodyFor(kvPrompt(fmt.Sprint("restart", n), 2), "x"))
 				st := rt.kv.ingest[pos].State()
@@ -177,7 +178,7 @@ func TestKVExactEndToEnd(t *testing.T) {
 				return st.Resyncs > before
 			})
 			post(t, c, url, chatBodyFor(system, "fourth question"))
-			eventually(t, 10*time.Second, "the inventory to rebuild", func() bool { return rt.kv.index.Blocks(pos) > 0 || anyBlocks(rt) })
+			wait.For(t, 10*time.Second, "the inventory to rebuild", func() bool { return rt.kv.index.Blocks(pos) > 0 || anyBlocks(rt) })
 		})
 	}
 }
@@ -204,7 +205,7 @@ func TestKVExactEvictionMovesTheNextRequest(t *testing.T) {
 	gw := startGateway(t, "", nil)
 	mustApply(t, gw, kvRule(t, "kv", "vllm", 16, sims))
 	rt := gw.rules["kv"]
-	eventually(t, 10*time.Second, "streams", func() bool { _, a, _ := rt.kv.ready(0); _, b, _ := rt.kv.ready(1); return a && b })
+	wait.For(t, 10*time.Second, "streams", func() bool { _, a, _ := rt.kv.ready(0); _, b, _ := rt.kv.ready(1); return a && b })
 	c := newClient(t)
 	url := "http://" + gw.Addr() + "/v1/chat/completions"
 	system := kvPrompt("eviction", 6)
@@ -214,7 +215,7 @@ func TestKVExactEvictionMovesTheNextRequest(t *testing.T) {
 	if warmID == "w2" {
 		pos = 1
 	}
-	eventually(t, 10*time.Second, "inventory", func() bool { return rt.kv.index.Blocks(pos) > 0 })
+	wait.For(t, 10*time.Second, "inventory", func() bool { return rt.kv.index.Blocks(pos) > 0 })
 	if r, _ := post(t, c, url, chatBodyFor(system, "q2")); r.Header.Get("X-Llmgw-Endpoint") != warmID {
 		t.Fatalf("follow-up went to %s; want %s", r.Header.Get("X-Llmgw-Endpoint"), warmID)
 	}
@@ -224,7 +225,7 @@ func TestKVExactEvictionMovesTheNextRequest(t *testing.T) {
 		post(t, c, "http://"+sims[pos].Addrs().HTTP+"/v1/chat/completions", chatBodyFor(kvPrompt(fmt.Sprint("filler", i), 6), "z"))
 	}
 	sc := &kvScratch{}
-	eventually(t, 10*time.Second, "the prefix to be evicted from the inventory", func() bool {
+	wait.For(t, 10*time.Second, "the prefix to be evicted from the inventory", func() bool {
 		c := rt.kv.route(context.Background(), sc, mustParse(t, chatBodyFor(system, "q3")), 0, nil)
 		return c.ep == nil || sc.matched[pos] == 0
 	})
@@ -243,7 +244,7 @@ func TestKVExactSeedMismatchRaisesParityWarning(t *testing.T) {
 	gw := startGateway(t, "", nil)
 	mustApply(t, gw, kvRule(t, "kv", "vllm", 16, []*sim.Sim{s})) // gateway seed "0"
 	rt := gw.rules["kv"]
-	eventually(t, 10*time.Second, "stream", func() bool { _, a, _ := rt.kv.ready(0); return a })
+	wait.For(t, 10*time.Second, "stream", func() bool { _, a, _ := rt.kv.ready(0); return a })
 	c := newClient(t)
 	url := "http://" + gw.Addr() + "/v1/chat/completions"
 	system := kvPrompt("seeds", 8)
@@ -290,7 +291,7 @@ func TestKVExactMode1ScoresPrefillEndpoints(t *testing.T) {
 	if len(rt.kv.pool) != 2 {
 		t.Fatalf("kv pool has %d endpoints; want the 2 prefill endpoints only", len(rt.kv.pool))
 	}
-	eventually(t, 10*time.Second, "streams", func() bool { _, a, _ := rt.kv.ready(0); _, b, _ := rt.kv.ready(1); return a && b })
+	wait.For(t, 10*time.Second, "streams", func() bool { _, a, _ := rt.kv.ready(0); _, b, _ := rt.kv.ready(1); return a && b })
 	c := newClient(t)
 	url := "http://" + gw.Addr() + "/v1/chat/completions"
 	system := kvPrompt("disaggregation", 10)
@@ -307,7 +308,7 @@ func TestKVExactMode1ScoresPrefillEndpoints(t *testing.T) {
 	if warm < 0 {
 		t.Fatalf("route %q names no prefill", resp.Header.Get("X-Llmgw-Route"))
 	}
-	eventually(t, 10*time.Second, "the warmed prefill's inventory", func() bool { return rt.kv.index.Blocks(warm) > 0 })
+	wait.For(t, 10*time.Second, "the warmed prefill's inventory", func() bool { return rt.kv.index.Blocks(warm) > 0 })
 	for i := 0; i < 3; i++ {
 		resp, _ = post(t, c, url, chatBodyFor(system, fmt.Sprint("follow-up ", i)))
 		route := resp.Header.Get("X-Llmgw-Route")
@@ -330,7 +331,7 @@ func TestKVExactTRTAdmission(t *testing.T) {
 	gw := startGateway(t, "", nil)
 	mustApply(t, gw, kvRule(t, "trt16", "trtllm", 16, []*sim.Sim{s}))
 	rt := gw.rules["trt16"]
-	eventually(t, 10*time.Second, "the block-size refusal", func() bool {
+	wait.For(t, 10*time.Second, "the block-size refusal", func() bool {
 		return strings.HasPrefix(rt.kv.ingest[0].State().Admission, "refused")
 	})
 	st, _ := gw.Rule("trt16")
@@ -363,7 +364,7 @@ func TestKVExactEngineTokenizer(t *testing.T) {
 	gw := startGateway(t, "", nil)
 	mustApply(t, gw, kvTokenizerLine.ReplaceAllString(kvRule(t, "kv", "vllm", 16, sims), "kvTokenizer: engine\n"))
 	rt := gw.rules["kv"]
-	eventually(t, 10*time.Second, "streams", func() bool { _, a, _ := rt.kv.ready(0); _, b, _ := rt.kv.ready(1); return a && b })
+	wait.For(t, 10*time.Second, "streams", func() bool { _, a, _ := rt.kv.ready(0); _, b, _ := rt.kv.ready(1); return a && b })
 	c := newClient(t)
 	url := "http://" + gw.Addr() + "/v1/chat/completions"
 	system := kvPrompt("engine tokenizer", 8)
@@ -373,7 +374,7 @@ func TestKVExactEngineTokenizer(t *testing.T) {
 	if warm == "w2" {
 		pos = 1
 	}
-	eventually(t, 10*time.Second, "inventory", func() bool { return rt.kv.index.Blocks(pos) > 0 })
+	wait.For(t, 10*time.Second, "inventory", func() bool { return rt.kv.index.Blocks(pos) > 0 })
 	resp, _ = post(t, c, url, chatBodyFor(system, "q2"))
 	if route := resp.Header.Get("X-Llmgw-Route"); resp.Header.Get("X-Llmgw-Endpoint") != warm || !strings.HasPrefix(route, "kv-exact hit=") {
 		t.Errorf("follow-up to %s route %q; want %s by a kv-exact hit via the engine's /tokenize", resp.Header.Get("X-Llmgw-Endpoint"), route, warm)
@@ -472,7 +473,7 @@ func TestKVExactHitNeedsShare(t *testing.T) {
 				t.Fatalf("effective kvHitMinShare %v, want the default %v", eff.KVHitMinShare, rule.DefaultKVHitMinShare)
 			}
 			rt := gw.rules["kv"]
-			eventually(t, 10*time.Second, "the event stream to connect", func() bool { _, conn, _ := rt.kv.ready(0); return conn })
+			wait.For(t, 10*time.Second, "the event stream to connect", func() bool { _, conn, _ := rt.kv.ready(0); return conn })
 			c := newClient(t)
 			url := "http://" + gw.Addr() + "/v1/chat/completions"
 			preamble := "You are a helpful assistant."
@@ -482,7 +483,7 @@ func TestKVExactHitNeedsShare(t *testing.T) {
 			if resp, out := post(t, c, url, long); resp.StatusCode != 200 {
 				t.Fatalf("warm: %d %s", resp.StatusCode, out)
 			}
-			eventually(t, 10*time.Second, "the inventory to fill", func() bool { return rt.kv.index.Blocks(0) > 0 })
+			wait.For(t, 10*time.Second, "the inventory to fill", func() bool { return rt.kv.index.Blocks(0) > 0 })
 			resp, _ := post(t, c, url, long)
 			if r := resp.Header.Get("X-Llmgw-Route"); !strings.HasPrefix(r, "kv-exact hit=") {
 				t.Fatalf("repeat: route %q, want a hit", r)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // TestKVTokenizeEndpoint: POST /v1/rules/{name}/tokenize answers the ids the
@@ -28,7 +29,7 @@ func TestKVTokenizeEndpoint(t *testing.T) {
 	mustApply(t, gw, kvRule(t, "kv", "vllm", 16, []*sim.Sim{s}))
 	mustApply(t, gw, "name: plain\nmodel_name: other\nsel: 0\nprobe: {disabled: true}\nendpoints:\n  - {endpointIP: 127.0.0.1, targetPort: 9}\n")
 	rt := gw.rules["kv"]
-	eventually(t, 10*time.Second, "stream", func() bool { _, ok, _ := rt.kv.ready(0); return ok })
+	wait.For(t, 10*time.Second, "stream", func() bool { _, ok, _ := rt.kv.ready(0); return ok })
 
 	body := chatBodyFor(kvPrompt("tokenize endpoint", 6), "what holds my prefix?")
 	admin := "http://" + gw.AdminAddr() + "/v1/rules/"
@@ -107,7 +108,7 @@ func TestKVTokenizeEndpoint(t *testing.T) {
 	}
 	// After the request is served, the worker has published every block.
 	post(t, c, "http://"+gw.Addr()+"/v1/chat/completions", body)
-	eventually(t, 10*time.Second, "every block published", func() bool {
+	wait.For(t, 10*time.Second, "every block published", func() bool {
 		for _, k := range got.BlockKeys {
 			if !rt.kv.index.Contains(0, k) {
 				return false

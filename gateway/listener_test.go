@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // sickListener fails every Accept with err until healed, then accepts
@@ -84,7 +86,7 @@ func TestAcceptErrorsDoNotStopTheListener(t *testing.T) {
 				}
 				return
 			}
-			eventually(t, 5*time.Second, "retried accept failures", func() bool { return sick.fails.Load() >= 3 })
+			wait.For(t, 5*time.Second, "retried accept failures", func() bool { return sick.fails.Load() >= 3 })
 			failing, why := rl.acceptState()
 			if !failing || !strings.Contains(why, "accept4") {
 				t.Fatalf("acceptState() = %v, %q while accept fails; want true and the error", failing, why)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // pdScripted is a net/http upstream for P/D legs that no engine plays
@@ -189,7 +190,7 @@ func TestPDDecodeFailureFailsFast(t *testing.T) {
 			if got := breakerOf(t, s, "pd", "d1"); got != want {
 				t.Errorf("decode breaker %q; want %s", got, want)
 			}
-			eventually(t, 5*time.Second, "legs released", func() bool { return s.rules["pd"].inFlight() == 0 })
+			wait.For(t, 5*time.Second, "legs released", func() bool { return s.rules["pd"].inFlight() == 0 })
 		})
 	}
 }

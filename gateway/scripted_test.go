@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // scripted is an upstream written on a raw net.Listener, for connection
@@ -121,19 +123,11 @@ func (s *scripted) expireIdle() {
 // 5 s.
 func (s *scripted) waitFor(what string, cond func() bool) {
 	s.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.For(s.t, 5*time.Second, "scripted upstream: "+what, func() bool {
 		s.mu.Lock()
-		ok := cond()
-		s.mu.Unlock()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("scripted upstream: timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer s.mu.Unlock()
+		return cond()
+	})
 }
 
 func (s *scripted) close() {

@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // selfSigned writes a certificate for 127.0.0.1 and its key to dir.
@@ -126,7 +128,7 @@ func TestBackendTLS(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(body, "tls-backend") {
 		t.Fatalf("through backend TLS: %d %s", resp.StatusCode, body)
 	}
-	eventually(t, 5*time.Second, "an https probe", func() bool { return probes.load() > 0 })
+	wait.For(t, 5*time.Second, "an https probe", func() bool { return probes.load() > 0 })
 	st, _ := s.Rule("r")
 	if !st.Status.Endpoints[0].Healthy {
 		t.Errorf("TLS backend not healthy by its https probe")

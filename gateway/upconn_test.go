@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/gateway/upstream"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 const streamChat = `{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}`
@@ -303,7 +304,7 @@ func TestUpConnRefusesDeadReuse(t *testing.T) {
 			}
 			if tc.kill {
 				peer.Close()
-				eventually(t, 5*time.Second, "the FIN to arrive", func() bool { return !peerOpen(raw) })
+				wait.For(t, 5*time.Second, "the FIN to arrive", func() bool { return !peerOpen(raw) })
 			}
 			_, err = c.Write([]byte("req2"))
 			if !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {

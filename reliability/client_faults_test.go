@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/wait"
 	"github.com/llmgw/llmgw/reliability/harness"
 )
 
@@ -126,7 +127,7 @@ func TestSlowAndVanishingClientsFreeResources(t *testing.T) {
 			// fasthttp parks idle worker goroutines for up to 10 s; the
 			// baseline is taken once the warm-up's have gone.
 			var base resources
-			eventually(t, 20*time.Second, "a stable baseline", func() bool {
+			wait.For(t, 20*time.Second, "a stable baseline", func() bool {
 				r := gatewayResources(t, g)
 				stable := r == base
 				base = r
@@ -163,7 +164,7 @@ func TestSlowAndVanishingClientsFreeResources(t *testing.T) {
 			// The gateway has accepted the attacking connections (on a busy
 			// machine its accept loop may lag the dials a little).
 			var peak resources
-			eventually(t, 10*time.Second, "the gateway to hold the attacking connections", func() bool {
+			wait.For(t, 10*time.Second, "the gateway to hold the attacking connections", func() bool {
 				peak = gatewayResources(t, g)
 				return peak.fds >= base.fds+conns
 			})
@@ -175,10 +176,18 @@ func TestSlowAndVanishingClientsFreeResources(t *testing.T) {
 			case <-time.After(tc.cutBy):
 				t.Fatalf("attacking connections still open after %v", tc.cutBy)
 			}
+			// Resources come back once fasthttp's idle-worker cleaner has
+			// run: a worker parks for up to MaxIdleWorkerDuration (10 s by
+			// default) and the cleaner looks every 10 s, so up to ~20 s in
+			// the normal course (fasthttp workerpool.go). The deadline only
+			// detects a leak: three times that.
 			var now resources
-			took := eventually(t, 20*time.Second, "fds and goroutines back to the baseline", func() bool {
+			took := wait.ForErr(t, 60*time.Second, "fds and goroutines back to the baseline", func() error {
 				now = gatewayResources(t, g)
-				return now.fds <= base.fds && now.goroutines <= base.goroutines
+				if now.fds <= base.fds && now.goroutines <= base.goroutines {
+					return nil
+				}
+				return fmt.Errorf("baseline %+v, under attack %+v, now %+v", base, peak, now)
 			})
 			t.Logf("baseline %+v, under attack %+v, after %+v; connections closed by %v; back to baseline %v later",
 				base, peak, now, slowest.Round(time.Millisecond), took.Round(time.Millisecond))

@@ -176,21 +176,6 @@ func (s *sseStream) next() (data []byte, ok bool) {
 	return nil, false
 }
 
-// eventually polls cond every 10 ms until it holds or d passes, and
-// returns how long it took.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	deadline := start.Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // metric scrapes one summed value from the gateway.
 func metric(t *testing.T, g *harness.Gateway, name string, labels ...string) float64 {
 	t.Helper()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/testfix"
+	"github.com/llmgw/llmgw/internal/wait"
 	"github.com/llmgw/llmgw/reliability/harness"
 )
 
@@ -163,7 +164,7 @@ func TestKVInventoryResync(t *testing.T) {
 			}
 			g := startGW(t, "")
 			putRule(t, g, "kv", rule.String())
-			eventually(t, 10*time.Second, "both event streams connected", func() bool {
+			wait.For(t, 10*time.Second, "both event streams connected", func() bool {
 				inv := readInventory(t, g, "kv")
 				return len(inv.Endpoints) == 2 && inv.Endpoints[0].EventsConnected && inv.Endpoints[1].EventsConnected
 			})
@@ -180,7 +181,7 @@ func TestKVInventoryResync(t *testing.T) {
 			system := longSystem("routing")
 			warm := send(kvChat(system, "first question"))
 			x := warm.endpoint
-			eventually(t, 10*time.Second, "the warmed worker's inventory to fill", func() bool {
+			wait.For(t, 10*time.Second, "the warmed worker's inventory to fill", func() bool {
 				b, _, _ := readInventory(t, g, "kv").endpoint(x)
 				return b > 0
 			})
@@ -202,7 +203,7 @@ func TestKVInventoryResync(t *testing.T) {
 			}
 			n := 0 // direct requests to the faulted engine
 			if tc.quiet {
-				took := eventually(t, 10*time.Second, "a resync of "+x+" with no new events", func() bool {
+				took := wait.For(t, 10*time.Second, "a resync of "+x+" with no new events", func() bool {
 					_, rs, _ := readInventory(t, g, "kv").endpoint(x)
 					return rs > resyncs0
 				})
@@ -230,7 +231,7 @@ func TestKVInventoryResync(t *testing.T) {
 					want += directChat(i).PromptTokens / kvBlock
 					n++
 				}
-				eventually(t, 10*time.Second, "the lost batches' blocks in the inventory", func() bool {
+				wait.For(t, 10*time.Second, "the lost batches' blocks in the inventory", func() bool {
 					b, _, _ := readInventory(t, g, "kv").endpoint(x)
 					return b >= want
 				})
@@ -251,7 +252,7 @@ func TestKVInventoryResync(t *testing.T) {
 				// publishes (unless already noticed): keep it busy directly
 				// with unrelated prompts (no shared blocks with the warm
 				// prompt), as live traffic would.
-				eventually(t, 10*time.Second, "a resync of "+x, func() bool {
+				wait.For(t, 10*time.Second, "a resync of "+x, func() bool {
 					_, rs, _ := readInventory(t, g, "kv").endpoint(x)
 					if rs > resyncs0 {
 						return true
@@ -283,12 +284,12 @@ func TestKVInventoryResync(t *testing.T) {
 			// follow-up is a real hit.
 			fresh := longSystem("recovery")
 			first := send(kvChat(fresh, "one"))
-			eventually(t, 10*time.Second, "the inventory to rebuild", func() bool {
+			wait.For(t, 10*time.Second, "the inventory to rebuild", func() bool {
 				b, _, _ := readInventory(t, g, "kv").endpoint(first.endpoint)
 				return b > 0 && len(readInventory(t, g, "kv").keys(first.endpoint)) > 0
 			})
 			var hit result
-			eventually(t, 10*time.Second, "a kv-exact hit on the rebuilt inventory", func() bool {
+			wait.For(t, 10*time.Second, "a kv-exact hit on the rebuilt inventory", func() bool {
 				hit = send(kvChat(fresh, "two"))
 				return strings.HasPrefix(hit.route, "kv-exact hit=")
 			})
@@ -316,7 +317,7 @@ func TestTRTSecondConsumerRefused(t *testing.T) {
 	if r := chat(t.Context(), c, g.URL(), kvChat(system, "q")); r.failed() {
 		t.Fatalf("request: %d %v %s", r.status, r.err, r.body)
 	}
-	eventually(t, 10*time.Second, "the first consumer's inventory to fill", func() bool {
+	wait.For(t, 10*time.Second, "the first consumer's inventory to fill", func() bool {
 		b, _, _ := readInventory(t, g, "trt-a").endpoint("w1")
 		return b > 0
 	})

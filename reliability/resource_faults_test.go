@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/wait"
 	"github.com/llmgw/llmgw/reliability/harness"
 )
 
@@ -97,7 +98,7 @@ func TestDescriptorExhaustionDoesNotKillTheDataPlane(t *testing.T) {
 		conns = append(conns, conn)
 	}
 	var readyBody string
-	eventually(t, 20*time.Second, "/readyz to report the data listener not accepting", func() bool {
+	wait.For(t, 20*time.Second, "/readyz to report the data listener not accepting", func() bool {
 		code, body := rawGet(t, admin, abr, g.Admin, "/readyz")
 		readyBody = body
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "listeners_not_accepting") && strings.Contains(body, g.Data)
@@ -125,7 +126,7 @@ func TestDescriptorExhaustionDoesNotKillTheDataPlane(t *testing.T) {
 		t.Fatalf("request after the flood: status %d err %v body %s", r.status, r.err, r.body)
 	}
 	t.Logf("first request after the connections closed answered %v after release", r.end.Sub(released))
-	eventually(t, 5*time.Second, "/readyz ready again", func() bool {
+	wait.For(t, 5*time.Second, "/readyz ready again", func() bool {
 		code, _ := rawGet(t, admin, abr, g.Admin, "/readyz")
 		return code == http.StatusOK
 	})
@@ -152,7 +153,7 @@ func TestClientLeavingCancelsTheWorkerRequest(t *testing.T) {
 			t.Fatalf("run %d: the request finished (%d) before the client's 0.5 s", i, r.status)
 		}
 		var rec harness.Receipt
-		eventually(t, 10*time.Second, "the sim's receipt of the abandoned request", func() bool {
+		wait.For(t, 10*time.Second, "the sim's receipt of the abandoned request", func() bool {
 			rs, err := s.Receipts(t.Context())
 			if err != nil {
 				t.Fatal(err)
@@ -168,7 +169,7 @@ func TestClientLeavingCancelsTheWorkerRequest(t *testing.T) {
 		lat := rec.CancelledAt.Sub(closed)
 		worst = max(worst, lat)
 		t.Logf("run %d: client closed %v after sending; worker cancelled %v after the close", i, closed.Sub(r.start).Round(time.Millisecond), lat.Round(100*time.Microsecond))
-		eventually(t, 5*time.Second, "the gateway to count the cancel", func() bool {
+		wait.For(t, 5*time.Second, "the gateway to count the cancel", func() bool {
 			return metric(t, g, "llmgw_client_cancels_total") >= float64(i+1)
 		})
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/wait"
 	"github.com/llmgw/llmgw/reliability/harness"
 )
 
@@ -210,7 +211,7 @@ func TestPayloadsNotLogged(t *testing.T) {
 			// the same wait finds the prompt, so it is long enough).
 			putRule(t, g, "r2", strings.Replace(ruleFor(t, "r2", "", s), "model_name: m", "model_name: m2", 1))
 			var log string
-			eventually(t, 5*time.Second, "the second rule's log line", func() bool {
+			wait.For(t, 5*time.Second, "the second rule's log line", func() bool {
 				log = g.Log()
 				return strings.Contains(log, "rule=r2")
 			})

@@ -15,6 +15,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/goleak"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 func TestMain(m *testing.M) {
@@ -130,15 +132,14 @@ func waitLive(t *testing.T, p *Publisher, rs *runningSub) Message {
 // waitState polls the subscriber state until cond holds.
 func waitState(t *testing.T, rs *runningSub, what string, cond func(SubscriberState) bool) SubscriberState {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for time.Now().Before(deadline) {
-		if st := rs.sub.State(); cond(st) {
-			return st
+	var st SubscriberState
+	wait.ForErr(t, waitFor, what, func() error {
+		if st = rs.sub.State(); cond(st) {
+			return nil
 		}
-		time.Sleep(tick)
-	}
-	t.Fatalf("timed out waiting for %s; state %+v", what, rs.sub.State())
-	return SubscriberState{}
+		return fmt.Errorf("state %+v", st)
+	})
+	return st
 }
 
 func encode(t *testing.T, b *Batch, enc Encoding) []byte {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // TestMain fails the run if goroutines outlive the tests: every simulator
@@ -20,18 +22,9 @@ func TestMain(m *testing.M) {
 			// fasthttp's process-wide Date refresher never stops.
 			goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			err := goleak.Find(opts...)
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-				code = 1
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
+		if _, err := wait.Until(5*time.Second, func() error { return goleak.Find(opts...) }); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
 		}
 	}
 	os.Exit(code)

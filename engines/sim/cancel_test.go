@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // TestClientLeavingCancelsGeneration: a client that closes its connection
@@ -47,10 +48,10 @@ func TestClientLeavingCancelsGeneration(t *testing.T) {
 					}
 				}
 			} else {
-				waitFor(t, "the request to be decoding", func() bool { return s.running.Load() == 1 })
+				wait.For(t, waitLimit, "the request to be decoding", func() bool { return s.running.Load() == 1 })
 			}
 			conn.Close()
-			waitFor(t, "a cancelled receipt", func() bool {
+			wait.For(t, waitLimit, "a cancelled receipt", func() bool {
 				rs := s.Receipts()
 				return len(rs) == 1 && rs[0].Cancelled
 			})
@@ -58,7 +59,7 @@ func TestClientLeavingCancelsGeneration(t *testing.T) {
 			if r.FinishReason != "abort" || r.CancelledAt.IsZero() {
 				t.Errorf("receipt finish %q cancelled_at %v; want abort and a time", r.FinishReason, r.CancelledAt)
 			}
-			waitFor(t, "the slot to be released", func() bool { return s.running.Load() == 0 })
+			wait.For(t, waitLimit, "the slot to be released", func() bool { return s.running.Load() == 0 })
 		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 func postFaults(t *testing.T, s *Sim, body string) Faults {
@@ -110,7 +111,7 @@ func TestFaultCrashMidStream(t *testing.T) {
 	if strings.Contains(string(res.body), "[DONE]") {
 		t.Errorf("crashed stream carried [DONE]")
 	}
-	waitFor(t, "receipt", func() bool { return len(s.Receipts()) == 1 })
+	wait.For(t, waitLimit, "receipt", func() bool { return len(s.Receipts()) == 1 })
 	if r := s.Receipts()[0]; !r.Crashed {
 		t.Errorf("receipt not marked crashed: %+v", r)
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 func TestMain(m *testing.M) {
@@ -35,19 +37,15 @@ func checkLeaks() int {
 		// holding no socket; kvevents' own tests ignore it too.
 		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := goleak.Find(opts...)
-		if err == nil {
-			return 0
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			return 1
-		}
-		time.Sleep(50 * time.Millisecond)
+	if _, err := wait.Until(5*time.Second, func() error { return goleak.Find(opts...) }); err != nil {
+		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+		return 1
 	}
+	return 0
 }
+
+// waitLimit bounds every awaited condition: it only detects a hang.
+const waitLimit = 10 * time.Second
 
 // fixedClock pins "created" fields and event timestamps for golden bytes.
 func fixedClock() time.Time { return time.Unix(1700000000, 500000000) }
@@ -110,17 +108,4 @@ func do(t testing.TB, c *http.Client, method, url, body string, headers ...strin
 	defer resp.Body.Close()
 	b, rerr := io.ReadAll(resp.Body)
 	return httpResult{status: resp.StatusCode, header: resp.Header, body: b, err: rerr}
-}
-
-// waitFor polls cond every few milliseconds until it holds or the deadline
-// passes.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }

@@ -1026,10 +1026,10 @@ func (s *Sim) renderLlamaChunks(job *genJob, out *genOutcome) []sseChunk {
 	return append(chunks, sseChunk{data: []byte("data: [DONE]\n\n")})
 }
 
-// appendLlamaMetrics writes llama-server's 12 Prometheus series (cases
+// collectLlamaMetrics sends llama-server's 12 Prometheus series (cases
 // metrics_enabled_*: counters are named with their _total suffix in HELP
 // and TYPE too). The time and decode figures come from the latency model.
-func (s *Sim) appendLlamaMetrics(p *promWriter) {
+func (s *Sim) collectLlamaMetrics(p emitter) {
 	m := &s.metrics
 	prompt, predicted := m.promptTokens.Load(), m.generationTokens.Load()
 	promptSec := float64(prompt-m.prefixHits.Load()) * s.cfg.PrefillPerToken.Seconds()
@@ -1042,10 +1042,7 @@ func (s *Sim) appendLlamaMetrics(p *promWriter) {
 	}
 	kvTokens := float64(s.cacheLen() * s.cfg.BlockSize)
 	usage := float64(s.cacheLen()) / float64(s.cfg.CacheBlocks*len(s.ranks))
-	counter := func(name, help string, v float64) {
-		p.family(name, "counter", help)
-		p.sample(name, "", v)
-	}
+	counter := p.counter
 	counter("llamacpp:prompt_tokens_total", "Number of prompt tokens processed.", float64(prompt))
 	counter("llamacpp:prompt_seconds_total", "Prompt process time", promptSec)
 	counter("llamacpp:tokens_predicted_total", "Number of generation tokens processed.", float64(predicted))

@@ -196,8 +196,13 @@ func (s *Sim) healthEmpty(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Sim) serveMetrics(ctx *fasthttp.RequestCtx) {
+	body, err := s.renderMetrics()
+	if err != nil {
+		s.writeError(ctx, nil, fasthttp.StatusInternalServerError, err.Error(), false)
+		return
+	}
 	ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
-	ctx.SetBody(s.renderMetrics())
+	ctx.SetBody(body)
 }
 
 func (s *Sim) serveModels(ctx *fasthttp.RequestCtx, owner string) {

@@ -29,6 +29,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/engines"
@@ -93,6 +94,9 @@ type Sim struct {
 	lslots  llamaSlotTable  // llama.cpp's slots
 
 	metrics  metrics
+	promOnce sync.Once            // builds promReg on the first scrape
+	promReg  *prometheus.Registry // holds collector{s}; see renderMetrics
+	promErr  error
 	faults   faultState
 	receipts receiptLog
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/internal/golden"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // conformanceCase is one request whose exact response bytes are pinned in a
@@ -236,9 +237,9 @@ func TestConcurrencyQueue(t *testing.T) {
 	url := "http://" + s.Addrs().HTTP + "/v1/completions"
 	done := make(chan httpResult, 2)
 	go func() { done <- do(t, c, "POST", url, `{"prompt":"one","max_tokens":20,"stream":true}`) }()
-	waitFor(t, "first request running", func() bool { return s.running.Load() == 1 })
+	wait.For(t, waitLimit, "first request running", func() bool { return s.running.Load() == 1 })
 	go func() { done <- do(t, c, "POST", url, `{"prompt":"two","max_tokens":1}`) }()
-	waitFor(t, "second request waiting", func() bool { return s.waiting.Load() == 1 })
+	wait.For(t, waitLimit, "second request waiting", func() bool { return s.waiting.Load() == 1 })
 	metrics := do(t, c, "GET", "http://"+s.Addrs().HTTP+"/metrics", "")
 	for _, want := range []string{
 		`vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-0.6B"} 1`,

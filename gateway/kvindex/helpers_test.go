@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines/kvevents"
+	"github.com/llmgw/llmgw/internal/wait"
 	"go.uber.org/goleak"
 )
 
@@ -22,22 +23,8 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
 }
 
-const (
-	waitLimit = 15 * time.Second // upper bound for any awaited condition
-	tick      = 5 * time.Millisecond
-)
-
-// waitFor polls cond every tick until it holds or waitLimit passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(tick)
-	}
-}
+// waitLimit bounds every awaited condition: it only detects a hang.
+const waitLimit = 15 * time.Second
 
 // runIngester runs g until the test ends and checks that Run returns the
 // context's error.
@@ -65,18 +52,11 @@ func startPub(t *testing.T, endpoint, replay string) *kvevents.Publisher {
 	var p *kvevents.Publisher
 	// A port just released by a closed publisher can take a moment to be
 	// bindable again.
-	deadline := time.Now().Add(waitLimit)
-	for {
+	wait.ForErr(t, waitLimit, "NewPublisher("+endpoint+")", func() error {
 		var err error
 		p, err = kvevents.NewPublisher(context.Background(), kvevents.PublisherConfig{Endpoint: endpoint, ReplayEndpoint: replay, Bind: true})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("NewPublisher(%s): %v", endpoint, err)
-		}
-		time.Sleep(tick)
-	}
+		return err
+	})
 	t.Cleanup(func() { p.Close() })
 	return p
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // TestRestartClearsWithoutNewBatch: a publisher restart is known from the
@@ -33,7 +34,7 @@ func TestRestartClearsWithoutNewBatch(t *testing.T) {
 		t.Fatalf("kvhash.New: %v", err)
 	}
 	warm := 0
-	waitFor(t, "first event batch", func() bool {
+	wait.For(t, waitLimit, "first event batch", func() bool {
 		if g.State().Batches > 0 {
 			return true
 		}
@@ -44,12 +45,12 @@ func TestRestartClearsWithoutNewBatch(t *testing.T) {
 	msgs := conversation("inventories after an engine restart")
 	want := h.BlockKeys(nil, chatTokens(t, c, base, msgs))
 	chat(t, c, base, msgs)
-	waitFor(t, "prompt blocks indexed", func() bool { return holdsAll(x, 0, want...) })
+	wait.For(t, waitLimit, "prompt blocks indexed", func() bool { return holdsAll(x, 0, want...) })
 	before := g.State().Resyncs
 
 	postJSON(t, c, base+"/_sim/faults", map[string]any{"restart_publisher": true}, nil)
 	// No request after the restart: nothing is published.
-	waitFor(t, "the restart noticed without a new batch", func() bool {
+	wait.For(t, waitLimit, "the restart noticed without a new batch", func() bool {
 		g.CheckRestarts()
 		return g.State().Resyncs > before
 	})
@@ -64,7 +65,7 @@ func TestRestartClearsWithoutNewBatch(t *testing.T) {
 	msgs2 := conversation("the first prompt after the restart")
 	want2 := h.BlockKeys(nil, chatTokens(t, c, base, msgs2))
 	chat(t, c, base, msgs2)
-	waitFor(t, "blocks after the restart", func() bool { return holdsAll(x, 0, want2...) })
+	wait.For(t, waitLimit, "blocks after the restart", func() bool { return holdsAll(x, 0, want2...) })
 	if st := g.State(); st.Resyncs != before+1 {
 		t.Errorf("the first batch after the restart cleared again: %d resyncs; want %d", st.Resyncs, before+1)
 	}

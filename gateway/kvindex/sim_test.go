@@ -14,6 +14,7 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // httpClient returns a client whose connections are closed when the test
@@ -122,7 +123,7 @@ func TestIngestSimVLLM(t *testing.T) {
 			// Warm-up requests until one batch has arrived: ZeroMQ loses what
 			// is published before the subscription is live.
 			warm := 0
-			waitFor(t, "first event batch", func() bool {
+			wait.For(t, waitLimit, "first event batch", func() bool {
 				if g.State().Batches > 0 {
 					return true
 				}
@@ -139,7 +140,7 @@ func TestIngestSimVLLM(t *testing.T) {
 			}
 			before := x.Keys(0, 0)
 			chat(t, c, base, msgs)
-			waitFor(t, "prompt blocks indexed", func() bool { return holdsAll(x, 0, want...) })
+			wait.For(t, waitLimit, "prompt blocks indexed", func() bool { return holdsAll(x, 0, want...) })
 			var added []uint64
 			for _, k := range x.Keys(0, 0) {
 				if !slices.Contains(before, k) {
@@ -169,7 +170,7 @@ func TestIngestSimVLLM(t *testing.T) {
 			msgs2 := conversation("sequence gaps")
 			want2 := h.BlockKeys(nil, chatTokens(t, c, base, msgs2))
 			chat(t, c, base, msgs2)
-			waitFor(t, "blocks after the gap", func() bool { return holdsAll(x, 0, want2...) })
+			wait.For(t, waitLimit, "blocks after the gap", func() bool { return holdsAll(x, 0, want2...) })
 			if !holdsNone(x, 0, want...) {
 				t.Error("blocks from before the gap survived it")
 			}
@@ -183,12 +184,12 @@ func TestIngestSimVLLM(t *testing.T) {
 			for i := range 30 {
 				chat(t, c, base, conversation(fmt.Sprintf("filler %d", i)))
 			}
-			waitFor(t, "filler batches", func() bool { return g.State().LastSeq >= 25 })
+			wait.For(t, waitLimit, "filler batches", func() bool { return g.State().LastSeq >= 25 })
 			postJSON(t, c, base+"/_sim/faults", map[string]any{"restart_publisher": true}, nil)
 			// Fresh prompts until the new publisher's first batch arrives
 			// (the subscriber reconnects; earlier batches may be lost).
 			n := 0
-			waitFor(t, "a batch from the restarted publisher", func() bool {
+			wait.For(t, waitLimit, "a batch from the restarted publisher", func() bool {
 				if g.State().Resyncs == 2 {
 					return true
 				}
@@ -199,7 +200,7 @@ func TestIngestSimVLLM(t *testing.T) {
 			msgs3 := conversation("publisher restarts")
 			want3 := h.BlockKeys(nil, chatTokens(t, c, base, msgs3))
 			chat(t, c, base, msgs3)
-			waitFor(t, "blocks after the restart", func() bool { return holdsAll(x, 0, want3...) })
+			wait.For(t, waitLimit, "blocks after the restart", func() bool { return holdsAll(x, 0, want3...) })
 			if !holdsNone(x, 0, want2...) {
 				t.Error("blocks from before the restart survived it")
 			}

@@ -18,6 +18,7 @@ import (
 	"github.com/llmgw/llmgw/engines/kvevents"
 	"github.com/llmgw/llmgw/engines/kvhash"
 	"github.com/llmgw/llmgw/engines/sim"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 func seqTokens(from, n int) []uint32 {
@@ -55,7 +56,7 @@ func TestIngestSimTRT(t *testing.T) {
 	x := New(1, 10000)
 	g := newTRTIngester(t, x, base, bs)
 	runIngester(t, g)
-	waitFor(t, "admission", func() bool { return g.State().Admission == AdmissionAdmitted })
+	wait.For(t, waitLimit, "admission", func() bool { return g.State().Admission == AdmissionAdmitted })
 	h, err := kvhash.New(kvhash.BlockHashTRTLLM, bs, "")
 	if err != nil {
 		t.Fatalf("kvhash.New: %v", err)
@@ -67,7 +68,7 @@ func TestIngestSimTRT(t *testing.T) {
 	p1 := seqTokens(1000, 4*bs+5)
 	want1 := h.BlockKeys(nil, p1)
 	complete(p1)
-	waitFor(t, "first prompt's blocks", func() bool { return holdsAll(x, 0, want1...) })
+	wait.For(t, waitLimit, "first prompt's blocks", func() bool { return holdsAll(x, 0, want1...) })
 	if got := x.Blocks(0); got != len(want1) {
 		t.Errorf("Blocks: got %d, want %d", got, len(want1))
 	}
@@ -77,7 +78,7 @@ func TestIngestSimTRT(t *testing.T) {
 	p2 := append(slices.Clone(p1[:2*bs]), seqTokens(50000, 3*bs)...)
 	want2 := h.BlockKeys(nil, p2)
 	complete(p2)
-	waitFor(t, "second prompt's blocks", func() bool { return holdsAll(x, 0, want2...) })
+	wait.For(t, waitLimit, "second prompt's blocks", func() bool { return holdsAll(x, 0, want2...) })
 	out := make([]int, 1)
 	x.Match(want2, out)
 	if out[0] != len(want2) {
@@ -89,15 +90,15 @@ func TestIngestSimTRT(t *testing.T) {
 
 	// reset_cache makes TRT report every block removed.
 	postJSON(t, c, base+"/_sim/reset_cache", map[string]any{}, nil)
-	waitFor(t, "removals", func() bool { return x.Blocks(0) == 0 })
+	wait.For(t, waitLimit, "removals", func() bool { return x.Blocks(0) == 0 })
 	if st := g.State(); st.Resyncs != 0 || st.Dropped != 0 {
 		t.Errorf("before restart: got %+v, want no resync and nothing dropped", st)
 	}
 
 	complete(p1)
-	waitFor(t, "blocks before restart", func() bool { return holdsAll(x, 0, want1...) })
+	wait.For(t, waitLimit, "blocks before restart", func() bool { return holdsAll(x, 0, want1...) })
 	postJSON(t, c, base+"/_sim/faults", map[string]any{"restart_publisher": true}, nil)
-	waitFor(t, "restart seen", func() bool { return g.State().Resyncs == 1 })
+	wait.For(t, waitLimit, "restart seen", func() bool { return g.State().Resyncs == 1 })
 	if got := x.Blocks(0); got != 0 {
 		t.Errorf("after restart: got %d blocks, want 0", got)
 	}
@@ -106,7 +107,7 @@ func TestIngestSimTRT(t *testing.T) {
 	}
 	// Admission is asked again after a restart, then indexing resumes.
 	complete(p2)
-	waitFor(t, "blocks after restart", func() bool { return holdsAll(x, 0, want2...) })
+	wait.For(t, waitLimit, "blocks after restart", func() bool { return holdsAll(x, 0, want2...) })
 	if st := g.State(); st.Admission != AdmissionAdmitted || !st.Connected {
 		t.Errorf("state: got %+v, want admitted and connected", st)
 	}
@@ -118,11 +119,11 @@ func TestIngestSimTRTAdmissionRefused(t *testing.T) {
 	g := newTRTIngester(t, New(1, 100), base, 16)
 	runIngester(t, g)
 	want := "refused: tokens_per_block 32 != kvBlockSize 16"
-	waitFor(t, "refusal", func() bool { return g.State().Admission == want })
+	wait.For(t, waitLimit, "refusal", func() bool { return g.State().Admission == want })
 	// Re-checks keep refusing, and nothing was drained: the engine's first
 	// event is still queued for whoever is admitted.
 	polls := 0
-	waitFor(t, "several re-checks", func() bool { polls++; return polls > 5 })
+	wait.For(t, waitLimit, "several re-checks", func() bool { polls++; return polls > 5 })
 	if got := g.State().Admission; got != want {
 		t.Errorf("admission: got %q, want %q", got, want)
 	}
@@ -145,7 +146,7 @@ func TestTRTSoleConsumer(t *testing.T) {
 	early := newTRTIngester(t, x, base, 32) // built before anyone runs
 	first := newTRTIngester(t, x, base, 32)
 	runIngester(t, first)
-	waitFor(t, "first admitted", func() bool { return first.State().Admission == AdmissionAdmitted })
+	wait.For(t, waitLimit, "first admitted", func() bool { return first.State().Admission == AdmissionAdmitted })
 
 	cases := []struct {
 		name string
@@ -349,7 +350,7 @@ func TestIngestTRTRules(t *testing.T) {
 			}
 			runIngester(t, g)
 			// Bodies are applied before the next poll is made.
-			waitFor(t, "script consumed", func() bool { return srv.polls.Load() > int64(len(tc.bodies)) })
+			wait.For(t, waitLimit, "script consumed", func() bool { return srv.polls.Load() > int64(len(tc.bodies)) })
 			got := x.Keys(0, 0)
 			slices.Sort(got)
 			want := slices.Sorted(slices.Values(tc.want))
@@ -415,7 +416,7 @@ func TestIngestTRTToleratesOneBadEvent(t *testing.T) {
 				t.Fatalf("NewIngester: %v", err)
 			}
 			runIngester(t, g)
-			waitFor(t, "script consumed", func() bool { return srv.polls.Load() > 1 })
+			wait.For(t, waitLimit, "script consumed", func() bool { return srv.polls.Load() > 1 })
 			got := x.Keys(0, 0)
 			slices.Sort(got)
 			if want := slices.Sorted(slices.Values(tc.want)); !slices.Equal(got, want) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/kvevents"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 const testBS = 4 // tokens per block in the synthetic streams
@@ -64,12 +65,12 @@ func (e *zmqEnv) publishRaw(payload []byte) {
 	}
 }
 
-// pumpUntil publishes evs every tick until cond holds (for subscriptions
+// pumpUntil publishes evs at every poll (wait.Poll) until cond holds (for subscriptions
 // that may not be live yet).
 func (e *zmqEnv) pumpUntil(what string, cond func() bool, evs ...kvevents.Event) {
 	e.t.Helper()
 	payload := encode(e.t, e.enc, evs...)
-	waitFor(e.t, what, func() bool {
+	wait.For(e.t, waitLimit, what, func() bool {
 		if cond() {
 			return true
 		}
@@ -83,7 +84,7 @@ func (e *zmqEnv) pumpUntil(what string, cond func() bool, evs ...kvevents.Event)
 func (e *zmqEnv) sync(marker uint64) {
 	e.t.Helper()
 	e.publish(stored(testBS, marker))
-	waitFor(e.t, "marker block", func() bool { return e.x.Contains(zep, marker) })
+	wait.For(e.t, waitLimit, "marker block", func() bool { return e.x.Contains(zep, marker) })
 }
 
 func TestIngestZMQ(t *testing.T) {
@@ -102,7 +103,7 @@ func TestIngestZMQ(t *testing.T) {
 			name: "stored_then_matched_as_prefix",
 			run: func(t *testing.T, e *zmqEnv) {
 				e.publish(stored(testBS, 104, 105))
-				waitFor(t, "new blocks", func() bool { return holdsAll(e.x, zep, 104, 105) })
+				wait.For(t, waitLimit, "new blocks", func() bool { return holdsAll(e.x, zep, 104, 105) })
 				out := make([]int, 2)
 				e.x.Match([]uint64{101, 102, 103, 104, 105, 106}, out)
 				if out[zep] != 5 || out[0] != 0 {
@@ -114,7 +115,7 @@ func TestIngestZMQ(t *testing.T) {
 			name: "removed",
 			run: func(t *testing.T, e *zmqEnv) {
 				e.publish(removed(102))
-				waitFor(t, "removal", func() bool { return !e.x.Contains(zep, 102) })
+				wait.For(t, waitLimit, "removal", func() bool { return !e.x.Contains(zep, 102) })
 				out := make([]int, 2)
 				e.x.Match(baseKeys, out)
 				if out[zep] != 1 {
@@ -126,7 +127,7 @@ func TestIngestZMQ(t *testing.T) {
 			name: "all_blocks_cleared",
 			run: func(t *testing.T, e *zmqEnv) {
 				e.publish(cleared())
-				waitFor(t, "clear", func() bool { return e.x.Blocks(zep) == 0 })
+				wait.For(t, waitLimit, "clear", func() bool { return e.x.Blocks(zep) == 0 })
 			},
 			wantResyncs: 1, wantReason: ReasonCleared,
 		},
@@ -137,7 +138,7 @@ func TestIngestZMQ(t *testing.T) {
 				// restore them.
 				e.pub.SkipSeq(3)
 				e.publish(stored(testBS, 200))
-				waitFor(t, "block after the gap", func() bool { return e.x.Contains(zep, 200) })
+				wait.For(t, waitLimit, "block after the gap", func() bool { return e.x.Contains(zep, 200) })
 				if !holdsNone(e.x, zep, baseKeys...) {
 					t.Error("blocks from before the gap survived it")
 				}
@@ -153,7 +154,7 @@ func TestIngestZMQ(t *testing.T) {
 					t.Fatalf("PublishDropped: %v", err)
 				}
 				e.publish(stored(testBS, 200))
-				waitFor(t, "block after the repaired gap", func() bool { return e.x.Contains(zep, 200) })
+				wait.For(t, waitLimit, "block after the repaired gap", func() bool { return e.x.Contains(zep, 200) })
 				if e.x.Contains(zep, 103) || !holdsAll(e.x, zep, 101, 102) {
 					t.Errorf("after replay: got keys %v, want 101, 102, 200", e.x.Keys(zep, 0))
 				}
@@ -163,7 +164,7 @@ func TestIngestZMQ(t *testing.T) {
 			name: "malformed_dropped_and_cleared",
 			run: func(t *testing.T, e *zmqEnv) {
 				e.publishRaw([]byte{0x93, 0xc1, 0x00})
-				waitFor(t, "malformed count", func() bool { return e.g.State().Malformed == 1 })
+				wait.For(t, waitLimit, "malformed count", func() bool { return e.g.State().Malformed == 1 })
 				e.sync(300)
 				if !holdsNone(e.x, zep, baseKeys...) {
 					t.Error("inventory kept across a lost batch")
@@ -179,7 +180,7 @@ func TestIngestZMQ(t *testing.T) {
 				p := encode(t, e.enc, stored(testBS, 400), cleared())
 				p = bytes.Replace(p, []byte("AllBlocksCleared"), []byte("AllBlocksClearex"), 1)
 				e.publishRaw(p)
-				waitFor(t, "malformed count", func() bool { return e.g.State().Malformed == 1 })
+				wait.For(t, waitLimit, "malformed count", func() bool { return e.g.State().Malformed == 1 })
 				e.sync(401)
 				if e.x.Contains(zep, 400) {
 					t.Error("half of a rejected batch was applied")
@@ -214,7 +215,7 @@ func TestIngestZMQ(t *testing.T) {
 				for range 100 {
 					e.publish(stored(testBS, baseKeys...))
 				}
-				waitFor(t, "seq 100", func() bool { return e.g.State().LastSeq >= 100 })
+				wait.For(t, waitLimit, "seq 100", func() bool { return e.g.State().LastSeq >= 100 })
 				if err := e.pub.Close(); err != nil {
 					t.Fatalf("Close: %v", err)
 				}
@@ -287,7 +288,7 @@ func TestIngestSGLangRanksMerge(t *testing.T) {
 	runIngester(t, g)
 	pump := func(p *kvevents.Publisher, what string, cond func() bool, evs ...kvevents.Event) {
 		payload := encode(t, kvevents.ArraySGLang, evs...)
-		waitFor(t, what, func() bool {
+		wait.For(t, waitLimit, what, func() bool {
 			if cond() {
 				return true
 			}
@@ -308,7 +309,7 @@ func TestIngestSGLangRanksMerge(t *testing.T) {
 	if _, err := p1.Publish(encode(t, kvevents.ArraySGLang, cleared())); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
-	waitFor(t, "union cleared", func() bool { return x.Blocks(0) == 0 })
+	wait.For(t, waitLimit, "union cleared", func() bool { return x.Blocks(0) == 0 })
 	if st := g.State(); st.LastResyncReason != ReasonCleared {
 		t.Errorf("reason: got %q, want %q", st.LastResyncReason, ReasonCleared)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/internal/testfix"
+	"github.com/llmgw/llmgw/internal/wait"
 	"github.com/llmgw/llmgw/results"
 )
 
@@ -99,25 +100,18 @@ func apply(t *testing.T, gw *gateway.Server, r *rule.Rule) {
 // stream connected (the gate's precondition, checked by read-back steps).
 func waitConnected(t *testing.T, gw *gateway.Server, name string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.For(t, 10*time.Second, "rule "+name+": KV event streams connected", func() bool {
 		st, err := gw.Rule(name)
-		ok := err == nil
-		if ok {
-			for _, ep := range st.Status.Endpoints {
-				if ep.KV != nil && !ep.KV.EventsConnected {
-					ok = false
-				}
+		if err != nil {
+			return false
+		}
+		for _, ep := range st.Status.Endpoints {
+			if ep.KV != nil && !ep.KV.EventsConnected {
+				return false
 			}
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rule %s: KV event streams not connected within 10s", name)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return true
+	})
 }
 
 func TestHashParityGate(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // TestMain fails the run when goroutines outlive the tests: every probe
@@ -30,15 +32,9 @@ func checkLeaks() int {
 	// Closed servers' goroutines exit asynchronously: goleak.Find retries
 	// for a while itself (backing off between looks); repeat it until a
 	// deadline before calling it a leak.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := goleak.Find(opts...)
-		if err == nil {
-			return 0
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			return 1
-		}
+	if _, err := wait.Until(5*time.Second, func() error { return goleak.Find(opts...) }); err != nil {
+		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+		return 1
 	}
+	return 0
 }

@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // pipeIO returns streams whose Out is a pipe the test reads line by line.
@@ -24,6 +27,7 @@ func TestSimCommandPrintsAddressesAndServes(t *testing.T) {
 		t.Run(engine, func(t *testing.T) {
 			ios, out := pipeIO()
 			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel() // also when the test fails before the interrupt
 			done := make(chan ExitCode, 1)
 			go func() {
 				done <- Main(ctx, []string{"sim", "--engine", engine, "--listen", "127.0.0.1:0", "--model", "m"}, ios)
@@ -42,21 +46,18 @@ func TestSimCommandPrintsAddressesAndServes(t *testing.T) {
 				t.Fatalf("address line %q: %v", line, err)
 			}
 			c := &http.Client{Timeout: 10 * time.Second}
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			// llama.cpp answers 503 while "loading".
+			wait.ForErr(t, 10*time.Second, "the sim to serve", func() error {
 				resp, err := c.Post("http://"+addrs.HTTP+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":2}`))
-				if err == nil {
-					resp.Body.Close()
-					if resp.StatusCode == 200 {
-						break
-					}
+				if err != nil {
+					return err
 				}
-				if time.Now().After(deadline) { // llama.cpp answers 503 while "loading"
-					cancel()
-					t.Fatalf("sim never served: %v", err)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					return fmt.Errorf("status %d", resp.StatusCode)
 				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				return nil
+			})
 			c.CloseIdleConnections()
 			cancel()
 			select {
