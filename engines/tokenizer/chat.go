@@ -102,7 +102,7 @@ type JinjaRenderer struct {
 // NewJinjaRenderer compiles a chat template. specialTokens maps template
 // variable names (e.g. "bos_token") to their text; nil means none.
 func NewJinjaRenderer(template string, specialTokens map[string]string) (*JinjaRenderer, error) {
-	tpl, err := jinja.Compile(template)
+	tpl, err := jinja.Compile(rewriteTojson(template))
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: compile chat template: %w", err)
 	}
@@ -140,6 +140,7 @@ func (r *JinjaRenderer) RenderWith(msgs []Message, addGenerationPrompt bool, ext
 	data["add_generation_prompt"] = jinja.NewBool(addGenerationPrompt)
 	data["tools"] = jinja.None()
 	data["documents"] = jinja.None()
+	data[tojsonFunc] = tojsonValue // rewritten tojson(...) calls (tojson.go)
 	for k, v := range extra {
 		if raw, ok := v.(JSONValue); ok {
 			jv, err := jsonToValue(raw)
