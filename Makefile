@@ -59,20 +59,25 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 # bench-gateway compares, in one run, a fixed-response worker reached
-# directly, through llmgw, through httputil.ReverseProxy and through nginx
+# directly, through llmgw (in the test's own process), through
+# httputil.ReverseProxy and through nginx (a process of its own)
 # (when installed: make bench-deps).
 bench-gateway:
 	$(GO) test -run '^$$' -bench 'Overhead' -benchtime 3s ./gateway/
 	$(GO) test -run '^$$' -bench 'Pick' -benchmem ./gateway/policy/
 
-# bench-overhead: `llmgw bench overhead` in its three shapes, one run each
-# (direct, llmgw, nginx and HAProxy side by side; make bench-deps first).
+# bench-overhead: `llmgw bench overhead` in its shapes, one run each
+# (direct, llmgw as a process, nginx and HAProxy side by side; make
+# bench-deps first). The fixed-answer rows pin the targets and the fixed
+# backend to CPU 0 and the load generator to CPU 1 (2-core machine).
 .PHONY: bench-overhead bench-routing
 BENCH_OUT ?= /tmp/llmgw-bench
 bench-overhead: build
 	@mkdir -p $(BENCH_OUT)
+	./bin/llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --prompt-bytes 230 --mode closed --concurrency 32 --duration 5s --json $(BENCH_OUT)/overhead-fixed-c32.json
+	./bin/llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --prompt-bytes 230 --mode closed --concurrency 256 --duration 5s --json $(BENCH_OUT)/overhead-fixed-c256.json
+	./bin/llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --prompt-bytes 230 --mode open --rps 10000 --concurrency 256 --duration 5s --json $(BENCH_OUT)/overhead-fixed-open.json
 	./bin/llmgw bench overhead --mode open --rps 5000 --concurrency 256 --duration 10s --requests 50000 --json $(BENCH_OUT)/overhead-open.json
-	./bin/llmgw bench overhead --mode closed --concurrency 32 --duration 10s --json $(BENCH_OUT)/overhead-closed.json
 	./bin/llmgw bench overhead --mode closed --concurrency 16 --stream --decode-per-token 200us --duration 10s --json $(BENCH_OUT)/overhead-stream.json
 
 # bench-routing: `llmgw bench routing` over every workload and policy;

@@ -28,6 +28,11 @@ import (
 // the inverse of requests/s); "latency" sends one request at a time and
 // reports p50/p99 in µs. Run with `make bench-gateway`; results go to
 // BENCHMARKS.md.
+//
+// The worker, llmgw, ReverseProxy and the clients share this process (and
+// its CPUs), while nginx is a process of its own: the llmgw / nginx ratio
+// here is not the gateway-as-a-process comparison. That one is `llmgw bench
+// overhead --backend fixed --pin-targets 0 --pin-load 1`.
 func BenchmarkOverhead(b *testing.B) {
 	body := `{"id":"cmpl-bench","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("x", 880) + `"},"finish_reason":"stop"}]}`
 	worker := benchServe(b, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {

@@ -50,6 +50,14 @@ var statePool = sync.Pool{New: func() any { return new(reqState) }}
 // relayBufPool holds the P/D relay's copy buffers (pd.go).
 var relayBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
+// clientWatchDelay is how long a request waits on its worker before the
+// client's connection is watched for a disconnect (peerwatch.WatchAfter):
+// an answer within it costs no watch (a goroutine, a peek and three
+// deadline changes: 4% of the gateway's CPU per request for a 1 KiB answer
+// from a local backend, BENCHMARKS.md), and a client that leaves is noticed
+// at most this much later, against generations that take far longer.
+const clientWatchDelay = time.Millisecond
+
 // dataReadBufferSize is the data plane's per-connection read buffer, which
 // is also the largest request header block it accepts (431 beyond).
 const dataReadBufferSize = 16 << 10
@@ -338,7 +346,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		resp.StreamBody = true
 		call := &upstreamCall{}
 		upstreamCalls.put(req, call)
-		watch := peerwatch.Watch(ctx.Conn(), call.cancel)
+		watch := peerwatch.WatchAfter(ctx.Conn(), call.cancel, clientWatchDelay)
 		upStart := time.Now()
 		hc := rt.clients[ep.Index]
 		err = hc.Do(req, resp)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
@@ -138,26 +139,62 @@ func dialUpstream(addr string, o *connOpts) (net.Conn, error) {
 //
 // It also bounds the silence between reads: fasthttp sets the first-byte
 // deadline (HostClient.ReadTimeout) before it reads a response; once bytes
-// flow, each successful read pushes the deadline idle into the future, so a
-// long stream is bounded by its gaps, not its total length.
+// flow, a read fails only when idle has passed since the last bytes, so a
+// long stream is bounded by its gaps, not its total length. The deadline is
+// not re-armed on every read: the idle deadline is armed when the next
+// Read begins after bytes came (a small answer read at once never needs
+// it), and when it expires while bytes came meanwhile it is moved to the
+// last bytes plus idle and the read goes on.
 type upConn struct {
 	net.Conn
 	o        *connOpts
 	requests int       // requests started on this connection
 	reading  bool      // the last operation was a Read
 	lastRead time.Time // end of the last response read (last Read with bytes)
+	// idlePending: bytes came under the first-byte deadline; the next Read
+	// arms the idle deadline. idleArmed: the socket's read deadline is an
+	// idle deadline (lastRead at arming + idle).
+	idlePending, idleArmed bool
 }
 
 func (c *upConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.reading = true
-		c.lastRead = time.Now()
-		if c.o.idle > 0 {
-			_ = c.Conn.SetReadDeadline(c.lastRead.Add(c.o.idle))
-		}
+	if c.idlePending {
+		c.idlePending, c.idleArmed = false, true
+		_ = c.Conn.SetReadDeadline(c.lastRead.Add(c.o.idle))
 	}
-	return n, err
+	for {
+		n, err := c.Conn.Read(p)
+		if n > 0 {
+			c.reading = true
+			c.lastRead = time.Now()
+			if c.o.idle > 0 && !c.idleArmed {
+				c.idlePending = true
+			}
+			return n, err
+		}
+		if err != nil && c.idleArmed && errors.Is(err, os.ErrDeadlineExceeded) {
+			if due := c.lastRead.Add(c.o.idle); time.Now().Before(due) {
+				// Bytes came after the deadline was armed: the silence
+				// is shorter than idle.
+				_ = c.Conn.SetReadDeadline(due)
+				continue
+			}
+		}
+		return n, err
+	}
+}
+
+// SetReadDeadline is a new deadline from above (fasthttp's first-byte
+// timeout, TLS): it replaces the idle deadline.
+func (c *upConn) SetReadDeadline(t time.Time) error {
+	c.idlePending, c.idleArmed = false, false
+	return c.Conn.SetReadDeadline(t)
+}
+
+// SetDeadline: as SetReadDeadline, for both directions.
+func (c *upConn) SetDeadline(t time.Time) error {
+	c.idlePending, c.idleArmed = false, false
+	return c.Conn.SetDeadline(t)
 }
 
 func (c *upConn) Write(p []byte) (int, error) {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -309,6 +310,79 @@ func TestUpConnRefusesDeadReuse(t *testing.T) {
 			_, err = c.Write([]byte("req2"))
 			if !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
 				t.Fatalf("second request: %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestUpConnIdleDeadline: the idle bound holds between reads without a
+// deadline change per read. An idle deadline that expires while bytes came
+// since it was armed is moved on and the read continues; one that expires
+// after a whole idle of silence fails the read.
+func TestUpConnIdleDeadline(t *testing.T) {
+	const idle = time.Hour
+	cases := []struct {
+		name     string
+		lastRead time.Time // when the last bytes came, as the expired deadline finds it
+		wantErr  bool
+	}{
+		{"bytes came since the deadline was armed", time.Now(), false},
+		{"silent for longer than idle", time.Now().Add(-2 * idle), true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			peer, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peer.Close()
+			c := &upConn{Conn: raw, o: &connOpts{idle: idle}}
+			defer c.Close()
+			if _, err := peer.Write([]byte("ab")); err != nil {
+				t.Fatal(err)
+			}
+			var b [1]byte
+			if n, err := c.Read(b[:]); n != 1 || err != nil {
+				t.Fatalf("first read: %d, %v", n, err)
+			}
+			if !c.idlePending || c.idleArmed {
+				t.Fatalf("after the first bytes: pending %v armed %v; want the idle deadline pending, not armed", c.idlePending, c.idleArmed)
+			}
+			if n, err := c.Read(b[:]); n != 1 || err != nil || !c.idleArmed {
+				t.Fatalf("second read: %d, %v, armed %v; want a byte and the idle deadline armed", n, err, c.idleArmed)
+			}
+			// The armed idle deadline has passed (set in the past here);
+			// what decides is when the last bytes came.
+			if err := c.Conn.SetReadDeadline(time.Unix(1, 0)); err != nil {
+				t.Fatal(err)
+			}
+			c.lastRead = tc.lastRead
+			if _, err := peer.Write([]byte("c")); err != nil {
+				t.Fatal(err)
+			}
+			n, err := c.Read(b[:])
+			if tc.wantErr {
+				if !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("read after a silence past idle: %d, %v; want the deadline error", n, err)
+				}
+				return
+			}
+			if n != 1 || err != nil || b[0] != 'c' {
+				t.Fatalf("read after an expired deadline with recent bytes: %d %q, %v; want the byte", n, b[:n], err)
+			}
+			// A deadline from above (the next request's first-byte
+			// timeout) replaces the idle one.
+			if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil || c.idleArmed || c.idlePending {
+				t.Fatalf("SetReadDeadline: %v, armed %v pending %v; want the idle deadline dropped", err, c.idleArmed, c.idlePending)
 			}
 		})
 	}

@@ -122,10 +122,10 @@ func do(c *fasthttp.HostClient, addr string, body []byte, stream bool, sent time
 
 // workerStats is one load worker's private record, merged after the run.
 type workerStats struct {
-	lat, chunks []time.Duration
-	ok, errs    int
-	bytes       int64
-	firstErr    error
+	lat, chunks, lag []time.Duration
+	ok, errs         int
+	bytes            int64
+	firstErr         error
 }
 
 func (w *workerStats) record(c *fasthttp.HostClient, addr string, body []byte, stream, measure bool, sent time.Time) {
@@ -151,14 +151,17 @@ func (w *workerStats) record(c *fasthttp.HostClient, addr string, body []byte, s
 
 // samples accumulates one target's raw measurements over its slices.
 type samples struct {
-	lat, chunks []time.Duration
-	ok, errs    int
-	dropped     int
-	bytes       int64
-	wall        time.Duration
-	firstErr    string
-	warmed      bool
-	client      *fasthttp.HostClient
+	lat, chunks, lag []time.Duration
+	cpu              time.Duration
+	rss              int64
+	usageErr         string
+	ok, errs         int
+	dropped          int
+	bytes            int64
+	wall             time.Duration
+	firstErr         string
+	warmed           bool
+	client           *fasthttp.HostClient
 }
 
 // result summarises the samples.
@@ -166,6 +169,11 @@ func (s *samples) result() TargetResult {
 	res := TargetResult{Wall: s.wall, Dropped: s.dropped, Requests: s.ok, Errors: s.errs, FirstError: s.firstErr}
 	res.Latency = loadgen.Summarize(s.lat)
 	res.Chunks = loadgen.Summarize(s.chunks)
+	res.Lag = loadgen.Summarize(s.lag)
+	res.RSS = s.rss
+	if s.ok > 0 && s.cpu > 0 {
+		res.CPUPer100k = s.cpu.Seconds() * 100_000 / float64(s.ok)
+	}
 	if s.ok > 0 {
 		res.ResponseBytes = int(s.bytes / int64(s.ok))
 	}
@@ -228,7 +236,12 @@ func load(ctx context.Context, cfg Config, addr string, body []byte, acc *sample
 					if runCtx.Err() != nil {
 						continue
 					}
-					st.record(c, addr, body, cfg.Stream, true, t)
+					// Latency counts from the actual send; how late
+					// the send left is the generator's lag, recorded
+					// beside it (a late send is not the target's).
+					sent := time.Now()
+					st.lag = append(st.lag, sent.Sub(t))
+					st.record(c, addr, body, cfg.Stream, true, sent)
 				}
 			}()
 		}
@@ -269,6 +282,7 @@ func load(ctx context.Context, cfg Config, addr string, body []byte, acc *sample
 	for _, st := range stats {
 		acc.lat = append(acc.lat, st.lat...)
 		acc.chunks = append(acc.chunks, st.chunks...)
+		acc.lag = append(acc.lag, st.lag...)
 		acc.ok += st.ok
 		acc.errs += st.errs
 		acc.bytes += st.bytes

@@ -1,11 +1,17 @@
 // Package overhead measures what a proxy adds to an LLM request: the same
 // load is sent to a simulated engine directly, through an embedded llmgw,
 // and through nginx and HAProxy when they are installed, in one run, so
-// the figures compare side by side. Load is open-loop (a fixed request
-// rate, latency counted from each request's scheduled send time, so a
-// stalled target cannot hide its queue) or closed-loop (a fixed number of
-// clients, each sending its next request when the last one ends). A
-// streaming mode measures when each SSE chunk arrives.
+// the figures compare side by side. llmgw is measured as its own process
+// (`llmgw serve`), as nginx and HAProxy are; embedded in the benchmark's
+// process only on request (target llmgw-embedded), since there it shares
+// the load generator's runtime and a process boundary's cost is hidden.
+// Load is open-loop (a fixed request rate; latency counted from each
+// request's actual send, and the generator's lag behind the schedule
+// reported beside it, with sends the target could not take dropped and
+// counted) or closed-loop (a fixed number of clients, each sending its next
+// request when the last one ends). A streaming mode measures when each SSE
+// chunk arrives. Every target that is a process of its own is charged its
+// CPU time (from /proc) and resident memory.
 //
 // Everything runs on loopback and stops by itself: every target gets a
 // bounded number of requests and a bounded time.
@@ -50,11 +56,13 @@ const (
 // Target names.
 const (
 	Direct = "direct"
-	LLMGW  = "llmgw" // embedded in the benchmark's process
-	// LLMGWProc is llmgw as its own process (`llmgw serve`), measured as
-	// the reference proxies are; needs Config.GatewayBinary.
-	LLMGWProc = "llmgw-proc"
-	Nginx     = "nginx"
+	// LLMGW is llmgw as its own process (`llmgw serve`), measured as the
+	// reference proxies are; needs Config.GatewayBinary.
+	LLMGW = "llmgw"
+	// LLMGWEmbedded is llmgw embedded in the benchmark's process, sharing
+	// the load generator's Go runtime and CPUs; only on request.
+	LLMGWEmbedded = "llmgw-embedded"
+	Nginx         = "nginx"
 	// NginxNoKeepAlive is nginx opening a new upstream connection per
 	// request (no upstream keepalive pool), its default.
 	NginxNoKeepAlive = "nginx-nokeepalive"
@@ -63,8 +71,22 @@ const (
 
 // AllTargets lists every target in report order.
 func AllTargets() []string {
-	return []string{Direct, LLMGW, LLMGWProc, Nginx, NginxNoKeepAlive, HAProxy}
+	return []string{Direct, LLMGW, LLMGWEmbedded, Nginx, NginxNoKeepAlive, HAProxy}
 }
+
+// Backends.
+const (
+	// BackendSim is the built-in simulator (Config.Engine's persona), in
+	// the benchmark's process.
+	BackendSim = "sim"
+	// BackendFixed is nginx as its own process answering every request
+	// with the same FixedAnswerBytes-byte chat completion: the cheapest
+	// backend, so a proxy's own cost is not diluted by the engine's.
+	BackendFixed = "fixed"
+)
+
+// FixedAnswerBytes is the fixed backend's answer size.
+const FixedAnswerBytes = 1024
 
 // Config is one overhead benchmark.
 type Config struct {
@@ -109,9 +131,14 @@ type Config struct {
 	// first, as the baseline. Nginx and HAProxy are skipped with a note
 	// when not installed.
 	Targets []string
-	// GatewayBinary is the llmgw executable the LLMGWProc target runs; ""
+	// GatewayBinary is the llmgw executable the LLMGW target runs; ""
 	// skips that target with a note.
 	GatewayBinary string
+	// Backend is BackendSim ("" too) or BackendFixed; ignored when Upstream
+	// is set.
+	Backend string
+	// Pin places the processes on CPUs; the report says where each ran.
+	Pin Placement
 	// Logger receives the embedded gateway's logs; nil discards them.
 	Logger *slog.Logger
 	// Progress, when set, is called (from Run's goroutine) as each
@@ -144,6 +171,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: decode per token must be 0..1s, got %v", ErrParams, c.DecodePerToken)
 	case len(c.Targets) == 0:
 		return fmt.Errorf("%w: no target", ErrParams)
+	case c.Backend != "" && c.Backend != BackendSim && c.Backend != BackendFixed:
+		return fmt.Errorf("%w: backend %q: want sim or fixed", ErrParams, c.Backend)
+	case c.Backend == BackendFixed && (c.Stream || c.Engine != "" || c.DecodePerToken > 0):
+		return fmt.Errorf("%w: the fixed backend answers one non-streaming completion; stream, engine and decode per token need the simulator", ErrParams)
+	case !validCPUList(c.Pin.Targets) || !validCPUList(c.Pin.Load):
+		return fmt.Errorf("%w: CPU lists %q / %q: want taskset lists such as 0 or 0-1,3", ErrParams, c.Pin.Targets, c.Pin.Load)
 	}
 	for _, t := range c.Targets {
 		if !slicesContains(AllTargets(), t) {
@@ -209,14 +242,31 @@ type TargetResult struct {
 	Wall    time.Duration `json:"wall_ns"`
 	// Throughput is completed requests per second.
 	Throughput float64 `json:"throughput_rps"`
-	// Latency is per request: from the scheduled send (open loop) or the
-	// send (closed loop) to the last byte of the response.
+	// Latency is per request: from the send (the moment the request is
+	// handed to the client, in both modes) to the last byte of the
+	// response.
 	Latency loadgen.Summary `json:"latency"`
 	// Chunks is, in streaming mode, the arrival time of every SSE data
 	// event counted from the request's send, over all requests.
 	Chunks loadgen.Summary `json:"chunks"`
 	// ResponseBytes is the mean response body size.
 	ResponseBytes int `json:"response_bytes"`
+	// Lag is, in open loop, how late each send left against its schedule
+	// (the generator's own delay: a figure above the target's latency
+	// means the generator, not the target, limited the run).
+	Lag loadgen.Summary `json:"lag,omitzero"`
+	// CPUs is the CPU list the target's process may run on ("" for the
+	// embedded gateway and the in-process simulator: see Report.LoadCPUs).
+	CPUs string `json:"cpus,omitempty"`
+	// CPUPer100k is the target's own processes' CPU seconds (user +
+	// system, all threads and workers) per 100,000 completed requests
+	// over its measured slices; 0 when it is not a process of its own
+	// (embedded gateway, in-process simulator). For direct it is the
+	// backend's.
+	CPUPer100k float64 `json:"cpu_s_per_100k,omitempty"`
+	// RSS is the largest resident memory of the target's processes seen
+	// at the end of a slice, bytes.
+	RSS int64 `json:"rss_bytes,omitempty"`
 	// AddedP50, AddedP99 (and AddedChunkP50 in streaming mode) are this
 	// target's quantile minus the direct target's, from the same run.
 	AddedP50      time.Duration `json:"added_p50_ns"`
@@ -226,21 +276,26 @@ type TargetResult struct {
 
 // Report is one overhead run.
 type Report struct {
-	Mode           Mode           `json:"mode"`
-	RPS            int            `json:"rps,omitempty"`
-	Concurrency    int            `json:"concurrency"`
-	Duration       time.Duration  `json:"duration_ns"`
-	Slice          time.Duration  `json:"slice_ns"`
-	MaxRequests    int            `json:"max_requests"`
-	Stream         bool           `json:"stream"`
-	PromptBytes    int            `json:"prompt_bytes"`
-	DecodePerToken time.Duration  `json:"decode_per_token_ns"`
-	Upstream       string         `json:"upstream"`
-	Engine         string         `json:"engine,omitempty"`
-	NagleStall     bool           `json:"nagle_stall,omitempty"`
-	Started        time.Time      `json:"started"`
-	Partial        bool           `json:"partial"`
-	Results        []TargetResult `json:"results"`
+	Mode           Mode          `json:"mode"`
+	RPS            int           `json:"rps,omitempty"`
+	Concurrency    int           `json:"concurrency"`
+	Duration       time.Duration `json:"duration_ns"`
+	Slice          time.Duration `json:"slice_ns"`
+	MaxRequests    int           `json:"max_requests"`
+	Stream         bool          `json:"stream"`
+	PromptBytes    int           `json:"prompt_bytes"`
+	DecodePerToken time.Duration `json:"decode_per_token_ns"`
+	Upstream       string        `json:"upstream"`
+	Engine         string        `json:"engine,omitempty"`
+	NagleStall     bool          `json:"nagle_stall,omitempty"`
+	Backend        string        `json:"backend"`
+	// LoadCPUs is the CPU list of the benchmark's own process (load
+	// generator, embedded gateway, in-process simulator).
+	LoadCPUs string         `json:"load_cpus"`
+	Pin      Placement      `json:"pin"`
+	Started  time.Time      `json:"started"`
+	Partial  bool           `json:"partial"`
+	Results  []TargetResult `json:"results"`
 }
 
 // Result returns target's result, or nil.
@@ -266,14 +321,39 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Model == "" {
 		cfg.Model = "m"
 	}
+	if cfg.Backend == "" {
+		cfg.Backend = BackendSim
+	}
+	if cfg.Pin.Load != "" {
+		if err := pinSelf(cfg.Pin.Load); err != nil {
+			return nil, err
+		}
+	}
 	rep := &Report{Mode: cfg.Mode, Concurrency: cfg.Concurrency, Duration: cfg.Duration, Slice: cfg.Slice, MaxRequests: cfg.MaxRequests,
 		Stream: cfg.Stream, PromptBytes: cfg.PromptBytes, DecodePerToken: cfg.DecodePerToken, Upstream: cfg.Upstream,
-		Engine: string(cfg.Engine), NagleStall: cfg.NagleStall, Started: time.Now().UTC()}
+		Engine: string(cfg.Engine), NagleStall: cfg.NagleStall, Backend: cfg.Backend, LoadCPUs: cpusAllowed(os.Getpid()), Pin: cfg.Pin,
+		Started: time.Now().UTC()}
 	if cfg.Mode == OpenLoop {
 		rep.RPS = cfg.RPS
 	}
+	type target struct {
+		name, addr, skipped string
+		pgid                int // process group charged for CPU and RSS; 0: none of its own
+	}
 	upstream := cfg.Upstream
-	if upstream == "" {
+	direct := target{name: Direct}
+	switch {
+	case upstream != "":
+		rep.Backend = "external"
+	case cfg.Backend == BackendFixed:
+		p, err := startFixedBackend(ctx, cfg.Pin)
+		if err != nil {
+			return nil, err
+		}
+		defer p.stop()
+		upstream, direct.pgid = p.addr, p.cmd.Process.Pid
+		rep.Upstream = fmt.Sprintf("fixed %d-byte answer (nginx) %s", FixedAnswerBytes, upstream)
+	default:
 		engine := cfg.Engine
 		if engine == "" {
 			engine = engines.VLLM
@@ -286,34 +366,34 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		upstream = s.Addrs().HTTP
 		rep.Upstream = "sim " + upstream
 	}
+	direct.addr = upstream
 	body := requestBody(cfg)
 	if err := probe(ctx, upstream, body, cfg.Stream); err != nil {
 		return nil, fmt.Errorf("%w: upstream %s: %w", ErrUnreachable, upstream, err)
 	}
-	type target struct{ name, addr, skipped string }
-	targets := []target{{name: Direct, addr: upstream}}
+	targets := []target{direct}
 	for _, name := range cfg.Targets {
 		switch name {
-		case LLMGW:
+		case LLMGWEmbedded:
 			addr, stop, err := startGateway(ctx, upstream, cfg.Engine, cfg.Logger)
 			if err != nil {
 				return nil, err
 			}
 			defer stop()
-			targets = append(targets, target{name: LLMGW, addr: addr})
-		case LLMGWProc:
+			targets = append(targets, target{name: name, addr: addr})
+		case LLMGW:
 			if cfg.GatewayBinary == "" {
 				targets = append(targets, target{name: name, skipped: "no llmgw binary given"})
 				continue
 			}
-			p, err := startLLMGWProcess(ctx, cfg.GatewayBinary, upstream, cfg.Engine)
+			p, err := startLLMGWProcess(ctx, cfg.GatewayBinary, upstream, cfg.Engine, cfg.Pin)
 			if err != nil {
 				return nil, err
 			}
 			defer p.stop()
-			targets = append(targets, target{name: name, addr: p.addr})
+			targets = append(targets, target{name: name, addr: p.addr, pgid: p.cmd.Process.Pid})
 		case Nginx, NginxNoKeepAlive, HAProxy:
-			p, err := startProxy(ctx, name, upstream)
+			p, err := startProxy(ctx, name, upstream, cfg.Pin)
 			if errors.Is(err, ErrNotInstalled) {
 				targets = append(targets, target{name: name, skipped: "not installed (make bench-deps)"})
 				continue
@@ -322,7 +402,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				return nil, err
 			}
 			defer p.stop()
-			targets = append(targets, target{name: name, addr: p.addr})
+			targets = append(targets, target{name: name, addr: p.addr, pgid: p.cmd.Process.Pid})
 		}
 	}
 	for _, t := range targets {
@@ -362,7 +442,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				cfg.Progress(t.name)
 			}
 			d := min(slice, cfg.Duration-a.wall)
+			var before groupUsage
+			if t.pgid != 0 {
+				before, _ = readGroupUsage(t.pgid)
+			}
 			load(ctx, cfg, t.addr, body, a, d, cfg.MaxRequests-a.ok-a.errs)
+			if t.pgid != 0 {
+				// Read after the slice's last answer: the CPU its
+				// requests cost, nothing from the other targets' turns.
+				if after, err := readGroupUsage(t.pgid); err == nil {
+					a.cpu += after.cpu - before.cpu
+					a.rss = max(a.rss, after.rss)
+				} else if a.usageErr == "" {
+					a.usageErr = err.Error()
+				}
+			}
 			progressed = true
 		}
 		if !progressed {
@@ -379,6 +473,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		res := accs[i].result()
 		res.Target = t.name
+		if t.pgid != 0 {
+			res.CPUs = cpusAllowed(t.pgid)
+		}
 		rep.Results = append(rep.Results, res)
 	}
 	if d := rep.Result(Direct); d != nil {

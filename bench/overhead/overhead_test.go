@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 
 func baseConfig() Config {
 	return Config{Mode: ClosedLoop, RPS: 200, Concurrency: 4, Duration: 300 * time.Millisecond, MaxRequests: 200,
-		Warmup: 10, PromptBytes: 900, MaxTokens: 16, Targets: []string{LLMGW}}
+		Warmup: 10, PromptBytes: 900, MaxTokens: 16, Targets: []string{LLMGWEmbedded}}
 }
 
 // TestShortRunOnLoopback runs every load shape against the simulator
@@ -85,8 +85,8 @@ func TestShortRunOnLoopback(t *testing.T) {
 				t.Errorf("measured %d targets; want at least direct and llmgw", measured)
 			}
 			var md bytes.Buffer
-			if err := WriteMarkdown(&md, rep); err != nil || !strings.Contains(md.String(), "| llmgw |") {
-				t.Errorf("markdown %q (err %v); want an llmgw row", md.String(), err)
+			if err := WriteMarkdown(&md, rep); err != nil || !strings.Contains(md.String(), "| llmgw-embedded |") {
+				t.Errorf("markdown %q (err %v); want an llmgw-embedded row", md.String(), err)
 			}
 		})
 	}
@@ -196,7 +196,7 @@ func TestInterruptedRunReportsPartialResults(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	cfg.Progress = func(target string) {
-		if target == LLMGW {
+		if target == LLMGWEmbedded {
 			cancel()
 		}
 	}
@@ -210,7 +210,7 @@ func TestInterruptedRunReportsPartialResults(t *testing.T) {
 	if d := rep.Results[0]; d.Target != Direct || d.Requests != cfg.MaxRequests {
 		t.Errorf("direct baseline %d requests; want the full %d", d.Requests, cfg.MaxRequests)
 	}
-	if g := rep.Results[1]; g.Target != LLMGW || g.Requests >= cfg.MaxRequests {
+	if g := rep.Results[1]; g.Target != LLMGWEmbedded || g.Requests >= cfg.MaxRequests {
 		t.Errorf("llmgw %d requests after cancel; want fewer than %d", g.Requests, cfg.MaxRequests)
 	}
 	var md bytes.Buffer
@@ -288,17 +288,49 @@ func TestLLMGWProcessTarget(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	cfg := baseConfig()
-	cfg.Targets = []string{LLMGW, LLMGWProc}
-	cfg.MaxRequests = 100
-	cfg.GatewayBinary = bin
-	rep, err := Run(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name   string
+		mutate func(*Config)
+	}{
+		{"simulator backend", func(*Config) {}},
+		{"fixed backend, pinned", func(c *Config) { c.Backend = BackendFixed; c.Pin = Placement{Targets: "0", Load: "0"} }},
 	}
-	r := rep.Result(LLMGWProc)
-	if r == nil || r.Skipped != "" || r.Requests != cfg.MaxRequests || r.Errors != 0 {
-		t.Fatalf("llmgw-proc result %+v; want %d requests without errors", r, cfg.MaxRequests)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := baseConfig()
+			cfg.Targets = []string{LLMGWEmbedded, LLMGW}
+			cfg.MaxRequests = 100
+			cfg.GatewayBinary = bin
+			tc.mutate(&cfg)
+			rep, err := Run(t.Context(), cfg)
+			if errors.Is(err, ErrNotInstalled) && os.Getenv("CI") != "true" {
+				t.Skipf("fixed backend: %v (make bench-deps)", err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := rep.Result(LLMGW)
+			if r == nil || r.Skipped != "" || r.Requests != cfg.MaxRequests || r.Errors != 0 {
+				t.Fatalf("llmgw result %+v; want %d requests without errors", r, cfg.MaxRequests)
+			}
+			// Charged to its own process: CPU time (at least one 10 ms
+			// tick is not guaranteed for 100 requests, so only RSS is
+			// required) and where it ran.
+			if r.RSS <= 0 || r.CPUs == "" {
+				t.Errorf("llmgw process usage RSS %d CPUs %q; want both", r.RSS, r.CPUs)
+			}
+			if e := rep.Result(LLMGWEmbedded); e.RSS != 0 || e.CPUPer100k != 0 {
+				t.Errorf("embedded gateway charged RSS %d CPU %v; it has no process of its own", e.RSS, e.CPUPer100k)
+			}
+			if cfg.Pin.Targets != "" && r.CPUs != cfg.Pin.Targets {
+				t.Errorf("llmgw ran on CPUs %q; want pinned to %q", r.CPUs, cfg.Pin.Targets)
+			}
+			if cfg.Backend == BackendFixed {
+				if d := rep.Result(Direct); d.ResponseBytes != FixedAnswerBytes || d.RSS <= 0 {
+					t.Errorf("fixed backend answered %d bytes, RSS %d; want %d bytes and its process charged", d.ResponseBytes, d.RSS, FixedAnswerBytes)
+				}
+			}
+		})
 	}
 }
 
@@ -308,7 +340,7 @@ func TestLLMGWProcessTarget(t *testing.T) {
 func TestStopLeavesNoProxyProcess(t *testing.T) {
 	for _, kind := range []string{"nginx", "haproxy"} {
 		t.Run(kind, func(t *testing.T) {
-			p, err := startProxy(context.Background(), kind, "127.0.0.1:1")
+			p, err := startProxy(context.Background(), kind, "127.0.0.1:1", Placement{})
 			if errors.Is(err, ErrNotInstalled) {
 				if os.Getenv("CI") == "true" {
 					t.Fatalf("%s not installed under CI=true (make bench-deps)", kind)

@@ -116,7 +116,7 @@ backend w
 // startLLMGWProcess runs `bin serve` as a child process with one
 // round-robin rule (probes off) over upstream, so llmgw is measured as
 // nginx and HAProxy are: its own process, its own CPU share.
-func startLLMGWProcess(ctx context.Context, bin, upstream string, engine engines.Kind) (*proxy, error) {
+func startLLMGWProcess(ctx context.Context, bin, upstream string, engine engines.Kind, pin Placement) (*proxy, error) {
 	host, port, err := net.SplitHostPort(upstream)
 	if err != nil {
 		return nil, fmt.Errorf("overhead: upstream %q: %w", upstream, err)
@@ -145,13 +145,13 @@ func startLLMGWProcess(ctx context.Context, bin, upstream string, engine engines
 	args := []string{"serve", "--listen", listen, "--admin", admin, "--state-dir", filepath.Join(dir, "state"), "--rules", rules, "--log-level", "warn"}
 	// The data plane listens before serve applies --rules; serve prints
 	// its banner after, so the banner is the readiness signal.
-	return startProcess(ctx, "llmgw", bin, args, listen, dir, "llmgw serving:")
+	return startProcess(ctx, "llmgw", bin, args, listen, dir, "llmgw serving:", pin)
 }
 
 // startProxy writes kind's ("nginx" or "haproxy") configuration for
 // upstream, starts it in the foreground and waits until it accepts
 // connections. It returns ErrNotInstalled when the binary is missing.
-func startProxy(ctx context.Context, kind, upstream string) (*proxy, error) {
+func startProxy(ctx context.Context, kind, upstream string, pin Placement) (*proxy, error) {
 	exe := kind
 	if kind == NginxNoKeepAlive {
 		exe = Nginx
@@ -189,14 +189,71 @@ func startProxy(ctx context.Context, kind, upstream string) (*proxy, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("%w: unknown proxy %q", ErrParams, kind)
 	}
-	return startProcess(ctx, kind, bin, args, listen, dir, "")
+	return startProcess(ctx, kind, bin, args, listen, dir, "", pin)
+}
+
+// fixedAnswer is the fixed backend's chat completion, padded with content
+// to exactly FixedAnswerBytes bytes. It holds no quote, backslash or
+// dollar sign, so it stands verbatim inside nginx's return '...'.
+func fixedAnswer() string {
+	head := `{"id":"chatcmpl-fixed","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"`
+	tail := `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":10,"total_tokens":20}}`
+	return head + strings.Repeat("x", FixedAnswerBytes-len(head)-len(tail)) + tail
+}
+
+// fixedBackendConf is nginx answering every request with fixedAnswer, one
+// worker, keep-alive connections never closed by request count.
+func fixedBackendConf(dir, listen string) string {
+	return fmt.Sprintf(`daemon off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s;
+  keepalive_requests 100000000;
+  server {
+    listen %[2]s;
+    location / { default_type application/json; return 200 '%[3]s'; }
+  }
+}
+`, dir, listen, fixedAnswer())
+}
+
+// startFixedBackend runs nginx as the fixed backend (ErrNotInstalled when
+// nginx is missing).
+func startFixedBackend(ctx context.Context, pin Placement) (*proxy, error) {
+	bin, err := exec.LookPath(Nginx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the fixed backend is nginx", ErrNotInstalled)
+	}
+	listen, err := freeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "llmgw-bench-fixed-")
+	if err != nil {
+		return nil, fmt.Errorf("overhead: fixed backend dir: %w", err)
+	}
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(fixedBackendConf(dir, listen)), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("overhead: fixed backend config: %w", err)
+	}
+	return startProcess(ctx, "fixed backend", bin, []string{"-c", path, "-p", dir}, listen, dir, "", pin)
 }
 
 // startProcess starts bin with args, logging to dir/output.log, and waits
 // until listen accepts connections (and, when banner is not "", the log
 // holds banner); on failure it kills the process it started and removes
 // dir.
-func startProcess(ctx context.Context, kind, bin string, args []string, listen, dir, banner string) (*proxy, error) {
+func startProcess(ctx context.Context, kind, bin string, args []string, listen, dir, banner string, pin Placement) (*proxy, error) {
+	bin, args, err := pin.wrap(bin, args)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
 	cmd := exec.Command(bin, args...)
 	procgroup.Prepare(cmd)
 	out, err := os.Create(filepath.Join(dir, "output.log"))

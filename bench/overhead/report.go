@@ -36,17 +36,19 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	if r.Slice > 0 {
 		fmt.Fprintf(&b, ", targets interleaved in %v slices", r.Slice)
 	}
+	fmt.Fprintf(&b, "; load generator on CPUs %s", orUnknown(r.LoadCPUs))
+	if r.Pin.Targets != "" {
+		fmt.Fprintf(&b, ", targets pinned to CPUs %s", r.Pin.Targets)
+	}
 	if r.Partial {
 		b.WriteString(" — **partial: interrupted**")
 	}
 	b.WriteString(".\n\n")
-	if r.Stream {
-		b.WriteString("| target | requests/s | p50 | p90 | p99 | added p50 | added p99 | chunk p50 | added per chunk p50 | errors | dropped |\n")
-		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	} else {
-		b.WriteString("| target | requests/s | p50 | p90 | p99 | added p50 | added p99 | response bytes | errors | dropped |\n")
-		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString(header(r) + "\n|---|")
+	for range strings.Count(header(r), "|") - 2 {
+		b.WriteString("---:|")
 	}
+	b.WriteString("\n")
 	for _, res := range r.Results {
 		if res.Skipped != "" {
 			fmt.Fprintf(&b, "| %s | %s |\n", res.Target, res.Skipped)
@@ -67,14 +69,32 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 		} else {
 			fmt.Fprintf(&b, " %d |", res.ResponseBytes)
 		}
-		fmt.Fprintf(&b, " %d | %d |\n", res.Errors, res.Dropped)
+		if r.Mode == OpenLoop {
+			fmt.Fprintf(&b, " %s |", fmtDur(res.Lag.P99))
+		}
+		cpu, rss := "in-process", "in-process"
+		if res.CPUPer100k > 0 {
+			cpu = fmt.Sprintf("%.2f", res.CPUPer100k)
+		}
+		if res.RSS > 0 {
+			rss = fmt.Sprintf("%.1f MB", float64(res.RSS)/1e6)
+		}
+		cpus := res.CPUs
+		if cpus == "" {
+			cpus = "load's"
+		}
+		fmt.Fprintf(&b, " %s | %s | %s | %d | %d |\n", cpu, rss, cpus, res.Errors, res.Dropped)
 	}
 	var ratios []string
-	for _, name := range []string{LLMGW, LLMGWProc} {
+	for _, name := range []string{LLMGW, LLMGWEmbedded} {
 		gw := r.Result(name)
-		for _, ref := range []string{Nginx, HAProxy} {
+		for _, ref := range []string{Nginx, NginxNoKeepAlive, HAProxy} {
 			if p := r.Result(ref); gw != nil && p != nil && p.Throughput > 0 && gw.Throughput > 0 {
-				ratios = append(ratios, fmt.Sprintf("%s / %s throughput = %.2fx", name, ref, gw.Throughput/p.Throughput))
+				ratio := fmt.Sprintf("%s / %s throughput = %.2fx", name, ref, gw.Throughput/p.Throughput)
+				if gw.CPUPer100k > 0 && p.CPUPer100k > 0 {
+					ratio += fmt.Sprintf(", CPU per request = %.2fx", gw.CPUPer100k/p.CPUPer100k)
+				}
+				ratios = append(ratios, ratio)
 			}
 		}
 	}
@@ -85,6 +105,25 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 		return fmt.Errorf("overhead: write markdown: %w", err)
 	}
 	return nil
+}
+
+// header is the table's header row, for the separator's column count.
+func header(r *Report) string {
+	h := "| target | requests/s | p50 | p90 | p99 | added p50 | added p99 | response bytes |"
+	if r.Stream {
+		h = "| target | requests/s | p50 | p90 | p99 | added p50 | added p99 | chunk p50 | added per chunk p50 |"
+	}
+	if r.Mode == OpenLoop {
+		h += " send lag p99 |"
+	}
+	return h + " CPU s/100k | RSS | CPUs | errors | dropped |"
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "?"
+	}
+	return s
 }
 
 // fmtDur prints µs below 10 ms and ms above, signed (an added latency can

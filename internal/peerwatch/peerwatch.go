@@ -33,9 +33,22 @@ type Watcher struct {
 	gone func()
 	done chan struct{}
 	peek peeker
+
+	// A deferred watch (WatchAfter) starts from timer; mu orders its start
+	// against Stop.
+	timer    *time.Timer
+	startFn  func()
+	mu       sync.Mutex
+	deferred bool // this watch starts from timer
+	started  bool // the peek is running (or about to): Stop must wake it
+	stopped  bool
 }
 
-var pool = sync.Pool{New: func() any { return &Watcher{done: make(chan struct{}, 1)} }}
+var pool = sync.Pool{New: func() any {
+	w := &Watcher{done: make(chan struct{}, 1)}
+	w.startFn = w.deferredStart
+	return w
+}}
 
 // Watch watches conn until Stop and calls gone (at most once, on the
 // watch's goroutine) if the peer closes or resets the connection first.
@@ -44,6 +57,16 @@ var pool = sync.Pool{New: func() any { return &Watcher{done: make(chan struct{},
 // connection the TCP connection under it is watched. A connection that is
 // not a socket is not watched (Stop is then a no-op).
 func Watch(conn net.Conn, gone func()) *Watcher {
+	return WatchAfter(conn, gone, 0)
+}
+
+// WatchAfter is Watch starting after delay: a watch stopped before then
+// costs a timer and nothing else (no goroutine, no peek, no deadline
+// change), which is what most of a proxy's fast answers need; a client
+// that leaves is noticed at most delay later than with Watch. A watch
+// stopped before it started leaves conn's read deadline as it was (one that
+// started leaves none, as Watch). delay <= 0 starts at once.
+func WatchAfter(conn net.Conn, gone func(), delay time.Duration) *Watcher {
 	raw, isTLS := conn, false
 	if tc, ok := conn.(*tls.Conn); ok {
 		raw, isTLS = tc.NetConn(), true
@@ -57,14 +80,43 @@ func Watch(conn net.Conn, gone func()) *Watcher {
 	if err != nil {
 		return w
 	}
-	// The server's own read deadline (the whole-request read timeout) may
-	// still be armed; the watch lasts as long as the handler does.
-	if err := raw.SetReadDeadline(time.Time{}); err != nil {
+	w.raw, w.tls, w.rc, w.gone = raw, isTLS, rc, gone
+	w.started, w.stopped, w.deferred = false, false, delay > 0
+	if delay > 0 {
+		if w.timer == nil {
+			w.timer = time.AfterFunc(delay, w.startFn)
+		} else {
+			w.timer.Reset(delay)
+		}
 		return w
 	}
-	w.raw, w.tls, w.rc, w.gone = raw, isTLS, rc, gone
+	if !w.arm() {
+		w.raw = nil
+		return w
+	}
+	w.started = true
 	go w.run()
 	return w
+}
+
+// arm clears the server's own read deadline (the whole-request read
+// timeout may still be armed; the watch lasts as long as the handler).
+func (w *Watcher) arm() bool {
+	return w.raw.SetReadDeadline(time.Time{}) == nil
+}
+
+// deferredStart runs on the timer's goroutine: unless Stop came first, it
+// becomes the watch.
+func (w *Watcher) deferredStart() {
+	w.mu.Lock()
+	if w.stopped || !w.arm() {
+		w.mu.Unlock()
+		w.done <- struct{}{}
+		return
+	}
+	w.started = true
+	w.mu.Unlock()
+	w.run()
 }
 
 func (w *Watcher) run() {
@@ -76,8 +128,26 @@ func (w *Watcher) run() {
 
 // Stop ends the watch and returns once it has ended.
 func (w *Watcher) Stop() {
-	if w.raw != nil {
-		// A past deadline wakes the poller wait; the watch then returns.
+	switch {
+	case w.raw == nil:
+	case w.deferred && w.timer.Stop():
+		// Stopped before it started: nothing ran, nothing to undo.
+	case w.deferred:
+		// The timer fired: its goroutine is starting or watching.
+		w.mu.Lock()
+		w.stopped = true
+		started := w.started
+		if started {
+			// A past deadline wakes the poller wait; the watch then
+			// returns. Under mu, so it lands after deferredStart's arm.
+			_ = w.raw.SetReadDeadline(time.Unix(1, 0))
+		}
+		w.mu.Unlock()
+		<-w.done
+		if started {
+			_ = w.raw.SetReadDeadline(time.Time{})
+		}
+	default:
 		_ = w.raw.SetReadDeadline(time.Unix(1, 0))
 		<-w.done
 		_ = w.raw.SetReadDeadline(time.Time{})

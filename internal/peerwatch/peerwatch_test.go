@@ -50,35 +50,89 @@ func TestWatch(t *testing.T) {
 		{"client resets", func(c net.Conn) { _ = c.(*net.TCPConn).SetLinger(0); c.Close() }, true},
 		{"client pipelines a request", func(c net.Conn) { _, _ = c.Write([]byte("GET / HTTP/1.1\r\n\r\n")) }, false},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			client, server := pair(t)
-			gone := make(chan struct{}, 1)
-			w := Watch(server, func() { gone <- struct{}{} })
-			tc.act(client)
-			if tc.wantGone {
-				select {
-				case <-gone:
-				case <-time.After(10 * time.Second):
-					t.Fatal("the watch did not report the client gone")
-				}
-				w.Stop()
-				return
-			}
-			// Pipelined bytes end the watch without a verdict and are left
-			// for the server to read.
-			w.Stop()
-			select {
-			case <-gone:
-				t.Fatal("pipelined bytes reported as a closed client")
-			default:
-			}
-			_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
-			line, err := bufio.NewReader(server).ReadString('\n')
-			if err != nil || line != "GET / HTTP/1.1\r\n" {
-				t.Fatalf("server read %q, %v after the watch; want the pipelined request line", line, err)
-			}
-		})
+	starts := []struct {
+		name  string
+		watch func(net.Conn, func()) *Watcher
+	}{
+		{"at once", Watch},
+		// A deferred watch that starts (the timer fires at once) behaves
+		// as Watch, whether the client acts before or after the start.
+		{"deferred", func(c net.Conn, gone func()) *Watcher { return WatchAfter(c, gone, time.Nanosecond) }},
+	}
+	for _, start := range starts {
+		for _, tc := range cases {
+			t.Run(start.name+"/"+tc.name, func(t *testing.T) { testWatchCase(t, start.watch, tc.act, tc.wantGone) })
+		}
+	}
+}
+
+func testWatchCase(t *testing.T, watch func(net.Conn, func()) *Watcher, act func(net.Conn), wantGone bool) {
+	client, server := pair(t)
+	gone := make(chan struct{}, 1)
+	w := watch(server, func() { gone <- struct{}{} })
+	act(client)
+	if wantGone {
+		select {
+		case <-gone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the watch did not report the client gone")
+		}
+		w.Stop()
+		return
+	}
+	// Pipelined bytes end the watch without a verdict and are left
+	// for the server to read.
+	w.Stop()
+	select {
+	case <-gone:
+		t.Fatal("pipelined bytes reported as a closed client")
+	default:
+	}
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(server).ReadString('\n')
+	if err != nil || line != "GET / HTTP/1.1\r\n" {
+		t.Fatalf("server read %q, %v after the watch; want the pipelined request line", line, err)
+	}
+}
+
+// TestDeferredStoppedBeforeStart: a deferred watch stopped before its
+// delay ran nothing: a client that already closed is not reported, and the
+// connection is untouched.
+func TestDeferredStoppedBeforeStart(t *testing.T) {
+	client, server := pair(t)
+	gone := make(chan struct{}, 1)
+	w := WatchAfter(server, func() { gone <- struct{}{} }, time.Hour)
+	client.Close()
+	w.Stop()
+	select {
+	case <-gone:
+		t.Fatal("a watch stopped before its start reported the client")
+	default:
+	}
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [1]byte
+	if n, err := server.Read(b[:]); n != 0 || err == nil {
+		t.Fatalf("read after stop: %d bytes, %v; want end of stream", n, err)
+	}
+}
+
+// TestDeferredStopRacesStart stops deferred watches whose start is due at
+// once, so Stop meets the start at every stage; every Stop must return
+// (one that missed the start's arm would wait on a peek forever) and leave
+// the connection readable.
+func TestDeferredStopRacesStart(t *testing.T) {
+	client, server := pair(t)
+	for i := range 2000 {
+		w := WatchAfter(server, func() { t.Error("quiet connection reported gone") }, time.Duration(i%3))
+		w.Stop()
+	}
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [1]byte
+	if _, err := server.Read(b[:]); err != nil {
+		t.Fatalf("read after the watches: %v", err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -58,6 +59,9 @@ type BenchOverheadOptions struct {
 	Targets        string
 	Engine         string
 	NagleStall     bool
+	Backend        string
+	PinTargets     string
+	PinLoad        string
 	Format         string // -o: table (the Markdown report), json or yaml
 	JSONFile       string
 }
@@ -67,24 +71,34 @@ func newBenchOverheadCmd(io *IOStreams, runF func(context.Context, *BenchOverhea
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Latency and throughput added by llmgw, nginx and HAProxy over a direct engine",
-		Long: `Send the same chat completions to a simulated engine directly, through
-llmgw (one round-robin rule, probes off) embedded in the benchmark's process
-and run as its own process (this binary's serve, as nginx and HAProxy run),
-and through nginx and HAProxy (when installed: make bench-deps), one target
-after the other in one run, and report requests/s, p50/p90/p99 latency and the latency each proxy
-adds over the direct baseline.
+		Long: `Send the same chat completions to a backend directly, through llmgw as
+its own process (this binary's serve, one round-robin rule, probes off, run
+as nginx and HAProxy run), and through nginx and HAProxy (when installed:
+make bench-deps), in one run, and report requests/s, p50/p90/p99 latency,
+the latency each proxy adds over the direct baseline, and each target
+process's CPU seconds per 100k requests, resident memory and CPU placement.
+Target llmgw-embedded (only when named) runs the gateway inside the
+benchmark's own process, sharing the load generator's runtime.
+
+--backend sim (default) is the built-in simulator, inside the benchmark's
+process; --backend fixed is nginx as its own process answering a fixed
+1 KiB completion (the cheapest backend, so a proxy's cost is not diluted).
+--pin-targets and --pin-load place the target processes (and the fixed
+backend) and the benchmark's process on CPUs, as taskset lists.
 
 --mode open sends --rps requests per second whatever happens (latency counts
-from each request's scheduled time; sends are dropped and counted when
+from each request's actual send, and the generator's lag behind its
+schedule is reported beside it; sends are dropped and counted when
 --concurrency requests are already outstanding); --mode closed keeps
 --concurrency clients busy. --stream sends streaming requests and also
 reports when SSE chunks arrive, and the added latency per chunk.
 
 Each target gets at most --duration and --requests, in turns of --slice. Every target is probed
 with one request before any load is sent; an unreachable one ends the run.`,
-		Example: `  llmgw bench overhead --mode open --rps 5000 --duration 10s
+		Example: `  llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --concurrency 32
+  llmgw bench overhead --mode open --rps 5000 --duration 10s
   llmgw bench overhead --mode closed --concurrency 32 --stream --decode-per-token 200us
-  llmgw bench overhead --upstream 127.0.0.1:8000 --model Qwen/Qwen3-0.6B --targets llmgw`,
+  llmgw bench overhead --upstream 127.0.0.1:8000 --model Qwen/Qwen3-0.6B --targets llmgw-embedded`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if runF != nil {
@@ -107,7 +121,10 @@ with one request before any load is sent; an unreachable one ends the run.`,
 	f.DurationVar(&opts.DecodePerToken, "decode-per-token", 0, "simulated engine's delay per generated token (spaces the stream's chunks)")
 	f.StringVar(&opts.Upstream, "upstream", "", "host:port of a running loopback OpenAI-compatible engine to use instead of the built-in simulator")
 	f.StringVar(&opts.Model, "model", "m", "model name sent in requests")
-	f.StringVar(&opts.Targets, "targets", "llmgw,llmgw-proc,nginx,haproxy", "comma-separated targets besides the direct baseline: llmgw (embedded), llmgw-proc (this binary's serve as a child process), nginx, nginx-nokeepalive (a new upstream connection per request), haproxy")
+	f.StringVar(&opts.Targets, "targets", "llmgw,nginx,haproxy", "comma-separated targets besides the direct baseline: llmgw (this binary's serve as a child process), llmgw-embedded (in the benchmark's process), nginx, nginx-nokeepalive (a new upstream connection per request), haproxy")
+	f.StringVar(&opts.Backend, "backend", "sim", "sim (built-in simulator, in process) or fixed (nginx answering a fixed 1 KiB completion, its own process); ignored with --upstream")
+	f.StringVar(&opts.PinTargets, "pin-targets", "", "CPUs (taskset list) for the target processes and the fixed backend; empty: unpinned")
+	f.StringVar(&opts.PinLoad, "pin-load", "", "CPUs (taskset list) for the benchmark's own process (load generator, embedded gateway, simulator); empty: unpinned")
 	f.StringVar(&opts.Engine, "engine", "", "simulated engine persona and the llmgw rule's kvEngineType: vllm, sglang, trtllm or llamacpp (empty: vllm)")
 	completeFlag(cmd, "engine", completeEngines())
 	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "with --engine llamacpp: the persona stalls answers on reused connections as llama-server does (~44 ms)")
@@ -120,14 +137,15 @@ with one request before any load is sent; an unreachable one ends the run.`,
 func (o *BenchOverheadOptions) config() (overhead.Config, error) {
 	cfg := overhead.Config{Mode: overhead.Mode(o.Mode), RPS: o.RPS, Concurrency: o.Concurrency, Duration: o.Duration, Slice: o.Slice,
 		MaxRequests: o.Requests, Warmup: o.Warmup, Stream: o.Stream, PromptBytes: o.PromptBytes, MaxTokens: o.MaxTokens,
-		DecodePerToken: o.DecodePerToken, Upstream: o.Upstream, Model: o.Model, Engine: engines.Kind(o.Engine), NagleStall: o.NagleStall}
+		DecodePerToken: o.DecodePerToken, Upstream: o.Upstream, Model: o.Model, Engine: engines.Kind(o.Engine), NagleStall: o.NagleStall,
+		Backend: o.Backend, Pin: overhead.Placement{Targets: o.PinTargets, Load: o.PinLoad}}
 	for _, t := range strings.Split(o.Targets, ",") {
 		if t = strings.TrimSpace(t); t != "" && t != overhead.Direct {
 			cfg.Targets = append(cfg.Targets, t)
 		}
 	}
 	if len(cfg.Targets) == 0 {
-		return cfg, usageErrorf("--targets: name at least one of llmgw, llmgw-proc, nginx, nginx-nokeepalive, haproxy")
+		return cfg, usageErrorf("--targets: name at least one of llmgw, llmgw-embedded, nginx, nginx-nokeepalive, haproxy")
 	}
 	if err := checkOutput(o.Format); err != nil {
 		return cfg, err
@@ -153,7 +171,7 @@ func benchOverheadRun(ctx context.Context, o *BenchOverheadOptions) error {
 		return err
 	}
 	cfg.Progress = func(target string) { fmt.Fprintf(o.IO.ErrOut, "measuring %s...\n", target) }
-	if self, err := os.Executable(); err == nil && strings.Contains(o.Targets, overhead.LLMGWProc) {
+	if self, err := os.Executable(); err == nil && slices.Contains(cfg.Targets, overhead.LLMGW) {
 		cfg.GatewayBinary = self
 	}
 	rep, runErr := overhead.Run(ctx, cfg)

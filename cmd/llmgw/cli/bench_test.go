@@ -38,7 +38,7 @@ func TestBenchFlags(t *testing.T) {
 		check func(*BenchOverheadOptions, *BenchRoutingOptions) string
 	}{
 		{"overhead defaults", "bench overhead", func(o *BenchOverheadOptions, _ *BenchRoutingOptions) string {
-			if o.Mode != "closed" || o.RPS != 5000 || o.Concurrency != 32 || o.Duration != 5*time.Second || o.Slice != time.Second || o.Targets != "llmgw,llmgw-proc,nginx,haproxy" || o.Stream {
+			if o.Mode != "closed" || o.RPS != 5000 || o.Concurrency != 32 || o.Duration != 5*time.Second || o.Slice != time.Second || o.Targets != "llmgw,nginx,haproxy" || o.Stream {
 				return "defaults"
 			}
 			return ""
@@ -151,8 +151,8 @@ func TestBenchCommandsEndToEnd(t *testing.T) {
 		wantOut []string
 		files   []string
 	}{
-		{"overhead", []string{"bench", "overhead", "--targets", "llmgw", "--duration", "200ms", "--requests", "100", "--warmup", "5", "--concurrency", "2", "--json", jsonFile},
-			[]string{"| direct |", "| llmgw |", "added p50"}, []string{jsonFile}},
+		{"overhead", []string{"bench", "overhead", "--targets", "llmgw-embedded", "--duration", "200ms", "--requests", "100", "--warmup", "5", "--concurrency", "2", "--json", jsonFile},
+			[]string{"| direct |", "| llmgw-embedded |", "added p50", "CPU s/100k"}, []string{jsonFile}},
 		{"routing", []string{"bench", "routing", "--workload", "shared-prefix", "--policies", "rr,oracle", "--requests", "20", "--prefill-per-token", "1us", "--decode-per-token", "1us", "--out", dir},
 			[]string{"### shared-prefix", "| rr |", "| oracle |"}, []string{"routing.json", "routing.md", "routing.png"}},
 	}
