@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
+	"github.com/llmgw/llmgw/k8s"
 )
 
 // ServeOptions are the inputs of `llmgw serve`.
@@ -31,6 +32,10 @@ type ServeOptions struct {
 	LogLevel       string
 	LogPayloads    bool
 	Pprof          bool
+	// EndpointsSource "" or "kubernetes": where rules with endpoints_from
+	// discover their endpoints; Kubeconfig is its client configuration.
+	EndpointsSource string
+	Kubeconfig      string
 }
 
 func newServeCmd(io *IOStreams, runF func(*cobra.Command, *ServeOptions) error) *cobra.Command {
@@ -80,6 +85,8 @@ that fails admission stops the start with the reason.`,
 	f.StringVar(&opts.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&opts.LogPayloads, "log-payloads", false, "log prompt and completion bodies at debug level (off: payloads may hold personal data)")
 	f.BoolVar(&opts.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the admin listener (behind the admin token when one is set)")
+	f.StringVar(&opts.EndpointsSource, "endpoints-source", "", `"kubernetes": rules with endpoints_from discover their endpoints from the cluster's EndpointSlices or pods ("" refuses such rules)`)
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig for --endpoints-source kubernetes (default $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
 	return cmd
 }
 
@@ -137,11 +144,32 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 			return usageErrorf("--rules %s: %v", opts.RulesFile, err)
 		}
 	}
-	srv, err := gateway.New(gateway.Config{
+	var src *k8s.Source
+	switch opts.EndpointsSource {
+	case "":
+	case "kubernetes":
+		cfg, err := k8s.RESTConfig(opts.Kubeconfig)
+		if err != nil {
+			return usageErrorf("--endpoints-source kubernetes: %v", err)
+		}
+		if src, err = k8s.NewSourceFromConfig(cfg); err != nil {
+			return usageErrorf("--endpoints-source kubernetes: %v", err)
+		}
+		// After the server has stopped (deferred below, so run later):
+		// the watches' contexts have ended; wait for their goroutines.
+		defer src.Wait()
+	default:
+		return usageErrorf("--endpoints-source %q: want kubernetes or nothing", opts.EndpointsSource)
+	}
+	gcfg := gateway.Config{
 		Listen: opts.Listen, Admin: opts.Admin, AdminToken: token, StateDir: opts.StateDir,
 		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, WriteTimeout: opts.WriteTimeout, BufferBudget: opts.BufferBudget, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
 		LogPayloads: opts.LogPayloads, Pprof: opts.Pprof, Logger: log,
-	})
+	}
+	if src != nil {
+		gcfg.EndpointSource = src
+	}
+	srv, err := gateway.New(gcfg)
 	if err != nil {
 		return usageErrorf("%v", err)
 	}
