@@ -24,9 +24,14 @@ build:
 # it, into bin/ for the real-API-server suite (internal/k8stest; etcd is
 # Debian's etcd-server). A cold build took 7m40s wall (4m43s user) on 2 busy
 # cores; later builds reuse the Go build cache.
-.PHONY: kube-apiserver
+# helm is the upstream Helm CLI (helm.sh/helm/v3 v3.22.0, tools/helm), for
+# the test that renders deploy/helm/llmgw (about 1 minute to build).
+.PHONY: kube-apiserver helm k8s-bins
 kube-apiserver:
 	cd tools/kube-apiserver && $(GO) build -trimpath -o ../../bin/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+helm:
+	cd tools/helm && $(GO) build -trimpath -o ../../bin/helm helm.sh/helm/v3/cmd/helm
+k8s-bins: kube-apiserver helm
 
 # test = lint + the default suite. Gateway packages run under the race
 # detector; the rest run without it to keep the suite fast on 2 cores. The

@@ -32,6 +32,8 @@ func TestCluster(t *testing.T) {
 	env := k8stest.Start(t)
 	t.Run("pods scale 2 to 4 and back under load", func(t *testing.T) { testPodsScale(t, env) })
 	t.Run("service EndpointSlices", func(t *testing.T) { testServiceSlices(t, env) })
+	t.Run("chart objects pass API validation", func(t *testing.T) { testChartValidates(t, env) })
+	t.Run("rules from Rule objects", func(t *testing.T) { testRuleSync(t, env) })
 }
 
 func namespace(t *testing.T, cs kubernetes.Interface, name string) {

@@ -333,3 +333,35 @@ func writePKI(dir string) (*pkiFiles, error) {
 func writePEM(path, typ string, der []byte) error {
 	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600)
 }
+
+// Helm returns the Helm CLI ($LLMGW_HELM or <repo>/bin/helm, built by make
+// helm from helm.sh/helm/v3 in tools/helm). It skips t when it is absent,
+// unless CI is "true", where that is a failure.
+func Helm(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv("LLMGW_HELM")
+	if p == "" {
+		root, err := repoRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p = filepath.Join(root, "bin", "helm")
+	}
+	if _, err := os.Stat(p); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("k8stest: helm not found at %s (make helm); required under CI=true", p)
+		}
+		t.Skipf("k8stest: helm not found at %s (make helm, or set LLMGW_HELM); skipping", p)
+	}
+	return p
+}
+
+// RepoRoot is the main module's directory.
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
