@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -242,4 +243,34 @@ func cmpString(a, b string) int {
 		return 1
 	}
 	return 0
+}
+
+// Resolve returns the endpoint set of from once, as a rule's watch would
+// start with it (llmgw runbook converged --endpoints-from uses it).
+func Resolve(ctx context.Context, cs kubernetes.Interface, from rule.EndpointsFrom) ([]rule.Endpoint, error) {
+	s := NewSource(cs)
+	wctx, cancel := context.WithCancel(ctx)
+	defer s.Wait()
+	defer cancel()
+	return s.Watch(wctx, from, func([]rule.Endpoint) {})
+}
+
+// ParseServiceRef parses "kubernetes:NAMESPACE/SERVICE" into the
+// endpoints_from of that Service's EndpointSlices, checked as admission
+// checks a rule's.
+func ParseServiceRef(s string) (rule.EndpointsFrom, error) {
+	ref, ok := strings.CutPrefix(s, "kubernetes:")
+	ns, svc, ok2 := strings.Cut(ref, "/")
+	if !ok || !ok2 {
+		return rule.EndpointsFrom{}, fmt.Errorf("k8s: %q: want kubernetes:NAMESPACE/SERVICE", s)
+	}
+	from := rule.EndpointsFrom{Namespace: ns, Service: svc}
+	if err := rule.Admit(&rule.Rule{Name: "check", EndpointsFrom: &from}, nil, nil); err != nil {
+		var adm *rule.AdmissionError
+		if errors.As(err, &adm) {
+			return rule.EndpointsFrom{}, fmt.Errorf("k8s: %q: %s", s, adm.Message)
+		}
+		return rule.EndpointsFrom{}, fmt.Errorf("k8s: %q: %w", s, err)
+	}
+	return from, nil
 }

@@ -36,6 +36,8 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // Env is a running control plane.
@@ -364,4 +366,21 @@ func RepoRoot(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return root
+}
+
+// Kubeconfig writes a kubeconfig file for the control plane (for code that
+// loads its client configuration the way a user's tools do) and returns
+// its path.
+func (e *Env) Kubeconfig(t testing.TB) string {
+	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["k8stest"] = &clientcmdapi.Cluster{Server: e.Config.Host, CertificateAuthority: e.Config.CAFile}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificate: e.Config.CertFile, ClientKey: e.Config.KeyFile}
+	cfg.Contexts["k8stest"] = &clientcmdapi.Context{Cluster: "k8stest", AuthInfo: "admin"}
+	cfg.CurrentContext = "k8stest"
+	p := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, p); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
