@@ -243,13 +243,6 @@ func waitHTTP(t testing.TB, dir, name string, exited <-chan struct{}, hc *http.C
 	}
 }
 
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
-
 type pkiFiles struct {
 	caCert, serverCert, serverKey, clientCert, clientKey, saKey, saPub string
 }
