@@ -34,6 +34,7 @@ func TestCluster(t *testing.T) {
 	t.Run("service EndpointSlices", func(t *testing.T) { testServiceSlices(t, env) })
 	t.Run("chart objects pass API validation", func(t *testing.T) { testChartValidates(t, env) })
 	t.Run("rules from Rule objects", func(t *testing.T) { testRuleSync(t, env) })
+	t.Run("two replicas agree on discovered pods", func(t *testing.T) { testReplicasAgree(t, env) })
 }
 
 func namespace(t *testing.T, cs kubernetes.Interface, name string) {

@@ -28,6 +28,9 @@ func TestReplicas(t *testing.T) {
 			if r.Agreement == nil || r.Agreement.Pairs != cfg.AgreementProbes {
 				t.Fatalf("%d replicas: agreement probe incomplete: %+v", n, r.Agreement)
 			}
+			if r.Agreement.BothHit < r.Agreement.Pairs*9/10 {
+				t.Errorf("%d replicas: only %d of %d probe pairs were kv-exact hits on both replicas: the indexes are not warm", n, r.Agreement.BothHit, r.Agreement.Pairs)
+			}
 			if r.Agreement.Ratio < 0.95 {
 				t.Errorf("%d replicas: two replicas agreed on %d of %d warm requests (%.3f), want ≥ 0.95", n, r.Agreement.Same, r.Agreement.Pairs, r.Agreement.Ratio)
 			}

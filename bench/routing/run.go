@@ -191,11 +191,14 @@ type Result struct {
 }
 
 // Agreement counts probe pairs: the same request sent at once to two
-// replicas, Same of Pairs answered by the same endpoint.
+// replicas, Same of Pairs answered by the same endpoint; BothHit of them
+// routed as a KV-exact hit by both replicas (agreement from the indexes,
+// not only from a shared CHWBL ring, which agrees without any).
 type Agreement struct {
-	Pairs int     `json:"pairs"`
-	Same  int     `json:"same"`
-	Ratio float64 `json:"ratio"`
+	Pairs   int     `json:"pairs"`
+	Same    int     `json:"same"`
+	BothHit int     `json:"both_hit"`
+	Ratio   float64 `json:"ratio"`
 }
 
 // Report is a whole routing benchmark run.
@@ -505,6 +508,9 @@ func probeAgreement(ctx context.Context, cfg Config, urls []string, sessions []S
 		a.Pairs++
 		if out[0].endpoint == out[1].endpoint {
 			a.Same++
+		}
+		if out[0].route == "kv-exact hit" && out[1].route == "kv-exact hit" {
+			a.BothHit++
 		}
 	}
 	if a.Pairs > 0 {
