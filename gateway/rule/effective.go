@@ -89,7 +89,8 @@ func (r *Rule) Clone() *Rule {
 	}
 	if r.EndpointsFrom != nil {
 		f := *r.EndpointsFrom
-		if f.Selector != nil {
+		f.Selector = nil // an empty selector reads back as absent
+		if len(r.EndpointsFrom.Selector) > 0 {
 			f.Selector = make(map[string]string, len(r.EndpointsFrom.Selector))
 			for k, v := range r.EndpointsFrom.Selector {
 				f.Selector[k] = v
