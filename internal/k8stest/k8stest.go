@@ -99,7 +99,7 @@ func Start(t testing.TB) *Env {
 	etcdBin, apiBin, err := Binaries()
 	if err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("k8stest: %v (required under CI=true; .ci/run runs make kube-apiserver)", err)
+			t.Fatalf("k8stest: %v (required under CI=true; .ci/run runs make k8s-bins)", err)
 		}
 		t.Skipf("k8stest: %v; skipping the real-API-server suite", err)
 	}
@@ -344,7 +344,7 @@ func Helm(t testing.TB) string {
 	}
 	if _, err := os.Stat(p); err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("k8stest: helm not found at %s (make helm); required under CI=true", p)
+			t.Fatalf("k8stest: helm not found at %s (make helm); required under CI=true (.ci/run runs make k8s-bins)", p)
 		}
 		t.Skipf("k8stest: helm not found at %s (make helm, or set LLMGW_HELM); skipping", p)
 	}
