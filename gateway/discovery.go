@@ -24,6 +24,7 @@ type EndpointSource interface {
 // it (endpoints_from, no endpoints) and the cancel of its source watch.
 type epWatch struct {
 	written *rule.Rule
+	ctx     context.Context // ends when the watch is replaced, deleted or the server closes
 	cancel  context.CancelFunc
 	// emptied: the last set was empty and the endpoints were drained for
 	// it; the next non-empty set undrains what it installs.
@@ -50,7 +51,7 @@ func (s *Server) startWatch(written *rule.Rule) (*epWatch, []rule.Endpoint, erro
 			Message: "this server has no endpoint source; start llmgw serve with --endpoints-source kubernetes, or list the endpoints"}
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
-	w := &epWatch{written: written.Clone(), cancel: cancel}
+	w := &epWatch{written: written.Clone(), ctx: ctx, cancel: cancel}
 	eps, err := s.cfg.EndpointSource.Watch(ctx, *written.EndpointsFrom, func(eps []rule.Endpoint) {
 		s.refreshEndpoints(w, eps)
 	})
@@ -75,8 +76,8 @@ func (s *Server) refreshEndpoints(w *epWatch, eps []rule.Endpoint) {
 	defer s.mu.Unlock()
 	name := w.written.Name
 	rt := s.rules[name]
-	if s.watches[name] != w || rt == nil {
-		return // replaced or deleted meanwhile
+	if w.ctx.Err() != nil || s.watches[name] != w || rt == nil {
+		return // replaced, deleted or shut down meanwhile
 	}
 	if len(eps) == 0 {
 		for _, ep := range rt.eps {
