@@ -13,10 +13,12 @@ import (
 // knows nothing of where the endpoints come from.
 type EndpointSource interface {
 	// Watch returns the current endpoint set of from once the source has
-	// synced, then calls update with each new set until ctx ends. update is
-	// never called before Watch returns, nor after ctx ends and Watch's
-	// goroutines have stopped; calls are not concurrent. Endpoints carry
-	// at least id, endpointIP and targetPort.
+	// synced, then calls update with each new set until ctx ends. update
+	// runs on the source's goroutine and may be called before Watch
+	// returns (the gateway keeps such a set until the rule is installed);
+	// it is not called after ctx ends and Watch's goroutines have stopped,
+	// and calls are not concurrent. Endpoints carry at least id,
+	// endpointIP and targetPort.
 	Watch(ctx context.Context, from rule.EndpointsFrom, update func([]rule.Endpoint)) ([]rule.Endpoint, error)
 }
 
@@ -29,6 +31,9 @@ type epWatch struct {
 	// emptied: the last set was empty and the endpoints were drained for
 	// it; the next non-empty set undrains what it installs.
 	emptied bool
+	// pending is a set that arrived before the watch was registered (its
+	// rule not yet installed); registration applies it.
+	pending *[]rule.Endpoint
 }
 
 // discovered returns the rule written with eps as its endpoints, and the
@@ -74,10 +79,37 @@ func (s *Server) startWatch(written *rule.Rule) (*epWatch, []rule.Endpoint, erro
 func (s *Server) refreshEndpoints(w *epWatch, eps []rule.Endpoint) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if w.ctx.Err() != nil {
+		return // replaced, deleted or shut down meanwhile
+	}
+	if s.watches[w.written.Name] != w {
+		w.pending = &eps // not registered yet: registerWatchLocked applies it
+		return
+	}
+	s.refreshLocked(w, eps)
+}
+
+// registerWatchLocked makes w its rule's watch, ending the one it
+// replaces, and applies a set that arrived meanwhile. Caller holds s.mu and
+// has installed the rule.
+func (s *Server) registerWatchLocked(w *epWatch) {
+	name := w.written.Name
+	if old := s.watches[name]; old != nil && old != w {
+		old.cancel()
+	}
+	s.watches[name] = w
+	if p := w.pending; p != nil {
+		w.pending = nil
+		s.refreshLocked(w, *p)
+	}
+}
+
+// refreshLocked installs eps for w's rule. Caller holds s.mu.
+func (s *Server) refreshLocked(w *epWatch, eps []rule.Endpoint) {
 	name := w.written.Name
 	rt := s.rules[name]
-	if w.ctx.Err() != nil || s.watches[name] != w || rt == nil {
-		return // replaced, deleted or shut down meanwhile
+	if rt == nil {
+		return
 	}
 	if len(eps) == 0 {
 		for _, ep := range rt.eps {

@@ -74,6 +74,22 @@ func (l *lockedBuf) String() string {
 	return l.b.String()
 }
 
+// earlySource delivers next before Watch returns, before the rule is
+// installed, as an informer event right after the first sync may.
+type earlySource struct {
+	initial, next []rule.Endpoint
+}
+
+func (e *earlySource) Watch(ctx context.Context, _ rule.EndpointsFrom, update func([]rule.Endpoint)) ([]rule.Endpoint, error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		update(e.next)
+	}()
+	<-done
+	return e.initial, nil
+}
+
 func epsOf(bs ...*backend) []rule.Endpoint {
 	var out []rule.Endpoint
 	for i, b := range bs {
@@ -173,6 +189,14 @@ func TestDiscoveredEndpoints(t *testing.T) {
 		again := startGateway(t, dir, func(c *Config) { c.EndpointSource = src })
 		if got := ids(t, again, "d"); got != "pod-a,pod-b" {
 			t.Fatalf("after restart: %s, want the source's set pod-a,pod-b", got)
+		}
+	})
+	t.Run("a set delivered as the watch starts is not lost", func(t *testing.T) {
+		src := &earlySource{initial: epsOf(b1), next: epsOf(b1, b2)}
+		early := startGateway(t, "", func(c *Config) { c.EndpointSource = src })
+		mustApply(t, early, discoveredRule)
+		if got := ids(t, early, "d"); got != "pod-a,pod-b" {
+			t.Fatalf("set %s when Apply returned, want the early set pod-a,pod-b", got)
 		}
 	})
 	t.Run("no source", func(t *testing.T) {

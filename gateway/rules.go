@@ -61,8 +61,7 @@ func (s *Server) Apply(r *rule.Rule, create bool) (*rule.Rule, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.stopWatchLocked(r.Name)
-		s.watches[r.Name] = w
+		s.registerWatchLocked(w)
 		committed = true
 		return eff, nil
 	}

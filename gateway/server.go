@@ -226,15 +226,15 @@ func (s *Server) Start(ctx context.Context) error {
 		run[i], _ = discovered(r, eps)
 	}
 	s.mu.Lock()
-	for name, w := range watches {
-		s.watches[name] = w
-	}
 	for _, r := range run {
 		if err := s.installLocked(r); err != nil {
 			s.mu.Unlock()
 			s.Close()
 			return fmt.Errorf("gateway: persisted rule %q: %w", r.Name, err)
 		}
+	}
+	for _, w := range watches {
+		s.registerWatchLocked(w)
 	}
 	s.publishLocked()
 	s.mu.Unlock()
