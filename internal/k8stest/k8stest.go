@@ -109,48 +109,77 @@ func Start(t testing.TB) *Env {
 		t.Fatal(err)
 	}
 
-	etcdPort, peerPort := freePort(t), freePort(t)
-	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
-	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
-	etcdDone := startProc(t, dir, "etcd", etcdBin,
-		"--name=default", "--data-dir="+filepath.Join(dir, "etcd"),
-		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
-		"--initial-cluster=default="+peerURL,
-	)
-	waitHTTP(t, dir, "etcd", etcdDone, http.DefaultClient, etcdURL+"/health")
+	// A port the kernel chose may be taken again before the process binds
+	// it (another control plane starting in parallel): a process that
+	// exits before it is ready is started again on new ports.
+	var etcdURL string
+	for attempt := 1; ; attempt++ {
+		etcdPort, peerPort := freePort(t), freePort(t)
+		etcdURL = "http://127.0.0.1:" + strconv.Itoa(etcdPort)
+		peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
+		name := "etcd-" + strconv.Itoa(attempt)
+		etcdDone := startProc(t, dir, name, etcdBin,
+			"--name=default", "--data-dir="+filepath.Join(dir, name),
+			"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+			"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+			"--initial-cluster=default="+peerURL,
+		)
+		err := waitHTTP(etcdDone, http.DefaultClient, etcdURL+"/health")
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !errors.Is(err, errExited) {
+			t.Fatalf("k8stest: %s: %v", name, err)
+		}
+		t.Logf("k8stest: %s: %v; starting again on new ports\n%s", name, err, logTail(dir, name))
+	}
 
-	port := freePort(t)
-	url := "https://127.0.0.1:" + strconv.Itoa(port)
-	apiDone := startProc(t, dir, "kube-apiserver", apiBin,
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
-		"--cert-dir="+filepath.Join(dir, "certs"),
-		"--tls-cert-file="+pki.serverCert, "--tls-private-key-file="+pki.serverKey,
-		"--client-ca-file="+pki.caCert,
-		"--service-account-issuer="+url, "--service-account-key-file="+pki.saPub, "--service-account-signing-key-file="+pki.saKey,
-		"--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
-		"--authorization-mode=RBAC",
-		// No controller manager runs, so no default ServiceAccount exists
-		// for the admission plugin to attach to pods (envtest does the same).
-		"--disable-admission-plugins=ServiceAccount",
-		// The kubernetes Service's endpoints may not be a loopback address;
-		// nothing here needs that Service.
-		"--endpoint-reconciler-type=none",
-	)
-	cfg := &rest.Config{
-		Host: url,
-		TLSClientConfig: rest.TLSClientConfig{
-			CAFile: pki.caCert, CertFile: pki.clientCert, KeyFile: pki.clientKey,
-		},
-		QPS: 200, Burst: 400,
+	var cfg *rest.Config
+	var hc *http.Client
+	var url string
+	for attempt := 1; ; attempt++ {
+		port := freePort(t)
+		url = "https://127.0.0.1:" + strconv.Itoa(port)
+		name := "kube-apiserver-" + strconv.Itoa(attempt)
+		apiDone := startProc(t, dir, name, apiBin,
+			"--etcd-servers="+etcdURL,
+			"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
+			"--cert-dir="+filepath.Join(dir, "certs"),
+			"--tls-cert-file="+pki.serverCert, "--tls-private-key-file="+pki.serverKey,
+			"--client-ca-file="+pki.caCert,
+			"--service-account-issuer="+url, "--service-account-key-file="+pki.saPub, "--service-account-signing-key-file="+pki.saKey,
+			"--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+			"--authorization-mode=RBAC",
+			// No controller manager runs, so no default ServiceAccount
+			// exists for the admission plugin to attach to pods (envtest
+			// does the same).
+			"--disable-admission-plugins=ServiceAccount",
+			// The kubernetes Service's endpoints may not be a loopback
+			// address; nothing here needs that Service.
+			"--endpoint-reconciler-type=none",
+		)
+		cfg = &rest.Config{
+			Host: url,
+			TLSClientConfig: rest.TLSClientConfig{
+				CAFile: pki.caCert, CertFile: pki.clientCert, KeyFile: pki.clientKey,
+			},
+			QPS: 200, Burst: 400,
+		}
+		tlsCfg, err := rest.TLSConfigFor(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
+		err = waitHTTP(apiDone, hc, url+"/readyz")
+		if err == nil {
+			break
+		}
+		hc.CloseIdleConnections()
+		if attempt == 3 || !errors.Is(err, errExited) {
+			t.Fatalf("k8stest: %s: %v", name, err)
+		}
+		t.Logf("k8stest: %s: %v; starting again on a new port\n%s", name, err, logTail(dir, name))
 	}
-	tlsCfg, err := rest.TLSConfigFor(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
-	waitHTTP(t, dir, "kube-apiserver", apiDone, hc, url+"/readyz")
 	hc.CloseIdleConnections()
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -212,10 +241,22 @@ func startProc(t testing.TB, dir, name, bin string, args ...string) <-chan struc
 	return done
 }
 
+// logTail is the end of a process's log, for a start that failed.
+func logTail(dir, name string) string {
+	b, _ := os.ReadFile(filepath.Join(dir, name+".log"))
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// errExited: the process ended before it was ready.
+var errExited = errors.New("exited before it was ready")
+
 // waitHTTP polls url until it answers 200, for up to two minutes (the API
-// server's first start on two busy cores takes tens of seconds).
-func waitHTTP(t testing.TB, dir, name string, exited <-chan struct{}, hc *http.Client, url string) {
-	t.Helper()
+// server's first start on two busy cores takes tens of seconds), or until
+// the process exits.
+func waitHTTP(exited <-chan struct{}, hc *http.Client, url string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	tick := time.NewTicker(200 * time.Millisecond)
@@ -227,7 +268,7 @@ func waitHTTP(t testing.TB, dir, name string, exited <-chan struct{}, hc *http.C
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return nil
 			}
 			last = resp.Status
 		} else {
@@ -235,9 +276,9 @@ func waitHTTP(t testing.TB, dir, name string, exited <-chan struct{}, hc *http.C
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("k8stest: %s not ready at %s: %s", name, url, last)
+			return fmt.Errorf("not ready at %s after 2 minutes: %s", url, last)
 		case <-exited:
-			t.Fatalf("k8stest: %s exited before it was ready (last answer: %s)", name, last)
+			return fmt.Errorf("%w (last answer from %s: %s)", errExited, url, last)
 		case <-tick.C:
 		}
 	}
