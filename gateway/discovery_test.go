@@ -4,11 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/gateway/rule"
 )
@@ -221,4 +227,60 @@ func TestDiscoveredEndpoints(t *testing.T) {
 			t.Fatalf("err %v, want no ready endpoint", err)
 		}
 	})
+}
+
+// TestDiscoveredEndpointVanishesMidRequest: an endpoint that leaves the
+// discovered set while it streams, and then dies, ends that stream as a
+// static rule's dying worker does (the events so far, an error event,
+// [DONE]: TestUpstreamDeathMidStreamEndsWithErrorEvent); the next request
+// goes to the endpoint that replaced it.
+func TestDiscoveredEndpointVanishesMidRequest(t *testing.T) {
+	started, removed := make(chan struct{}), make(chan struct{})
+	dying := newBackend(t, "dies", func(ctx *fasthttp.RequestCtx) {
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(c net.Conn) {
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+			ev := "data: {\"n\":1}\n\n"
+			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+			close(started)
+			<-removed
+			c.Close() // dies without the terminating chunk
+		})
+	})
+	healthy := newBackend(t, "b", nil)
+	src := &pushSource{initial: epsOf(dying)}
+	t.Cleanup(src.wg.Wait)
+	gw := startGateway(t, "", func(c *Config) { c.EndpointSource = src })
+	mustApply(t, gw, discoveredRule)
+	c := newClient(t)
+	url := "http://" + gw.Addr() + "/v1/chat/completions"
+	type answer struct {
+		status int
+		body   string
+	}
+	got := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"model":"m1","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+		resp, err := c.Do(req)
+		if err != nil {
+			got <- answer{body: err.Error()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- answer{resp.StatusCode, string(b)}
+	}()
+	<-started
+	// The pod goes away: a new set without it, then the worker dies.
+	src.push([]rule.Endpoint{{ID: "pod-b", EndpointIP: "127.0.0.1", TargetPort: healthy.port()}})
+	eventually(t, 5*time.Second, "the set without the dying pod", func() bool { return ids(t, gw, "d") == "pod-b" })
+	close(removed)
+	a := <-got
+	if a.status != 200 || !strings.HasPrefix(a.body, "data: {\"n\":1}\n\n") || !strings.Contains(a.body, `"error":{`) || !strings.HasSuffix(a.body, "data: [DONE]\n\n") {
+		t.Errorf("status %d stream %q; want the first event, an error event and [DONE]", a.status, a.body)
+	}
+	resp, _ := post(t, c, url, chatBody)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Llmgw-Endpoint") != "pod-b" {
+		t.Errorf("next request: status %d endpoint %q, want 200 from pod-b", resp.StatusCode, resp.Header.Get("X-Llmgw-Endpoint"))
+	}
 }
