@@ -19,6 +19,20 @@ demo:
 build:
 	$(GO) build -buildvcs=auto -o bin/llmgw ./cmd/llmgw
 
+# kube-apiserver builds the upstream API server from k8s.io/kubernetes in
+# its own module (tools/kube-apiserver), so the main go.mod carries none of
+# it, into bin/ for the real-API-server suite (internal/k8stest; etcd is
+# Debian's etcd-server). A cold build took 7m40s wall (4m43s user) on 2 busy
+# cores; later builds reuse the Go build cache.
+# helm is the upstream Helm CLI (helm.sh/helm/v3 v3.22.0, tools/helm), for
+# the test that renders deploy/helm/llmgw (about 1 minute to build).
+.PHONY: kube-apiserver helm k8s-bins
+kube-apiserver:
+	cd tools/kube-apiserver && $(GO) build -trimpath -o ../../bin/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+helm:
+	cd tools/helm && $(GO) build -trimpath -o ../../bin/helm helm.sh/helm/v3/cmd/helm
+k8s-bins: kube-apiserver helm
+
 # test = lint + the default suite. Gateway packages run under the race
 # detector; the rest run without it to keep the suite fast on 2 cores. The
 # fault suite (test-faults, about 2.5 minutes on 2 busy cores) is part of it.
@@ -87,8 +101,8 @@ bench-routing: build
 
 # Reference proxies for the comparisons (Debian packages).
 bench-deps:
-	@command -v nginx >/dev/null && command -v haproxy >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light haproxy >/dev/null)
+	@command -v nginx >/dev/null && command -v haproxy >/dev/null && command -v etcd >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light haproxy etcd-server >/dev/null)
 
 # fuzz runs every Fuzz target of the module for FUZZTIME each (default 60s).
 fuzz:

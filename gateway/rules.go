@@ -33,8 +33,52 @@ func (s *Server) Apply(r *rule.Rule, create bool) (*rule.Rule, error) {
 	if err := checkTokenizerPath(r.KVTokenizer); err != nil {
 		return nil, err
 	}
+	// A discovered rule's endpoints are resolved before the lock (the
+	// source's first sync takes s.mu-free time); its field checks run
+	// first so that a malformed rule starts no watch.
+	var w *epWatch
+	run := r
+	if r.EndpointsFrom != nil {
+		if err := rule.Admit(r, nil, nil); err != nil {
+			return nil, err
+		}
+		var eps []rule.Endpoint
+		var err error
+		if w, eps, err = s.startWatch(r); err != nil {
+			return nil, err
+		}
+		committed := false
+		defer func() {
+			if !committed {
+				w.cancel()
+			}
+		}()
+		var static *rule.Rule
+		run, static = discovered(r, eps)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		eff, err := s.applyLocked(r, static, run, create)
+		if err != nil {
+			return nil, err
+		}
+		s.registerWatchLocked(w)
+		committed = true
+		return eff, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	eff, err := s.applyLocked(r, r, r, create)
+	if err != nil {
+		return nil, err
+	}
+	s.stopWatchLocked(r.Name)
+	return eff, nil
+}
+
+// applyLocked admits written (and, for a discovered rule, static: the
+// discovered set as a static rule), persists written and installs run.
+// For a static rule all three are the same. Caller holds s.mu.
+func (s *Server) applyLocked(r, static, run *rule.Rule, create bool) (*rule.Rule, error) {
 	var existing *rule.Rule
 	if rt := s.rules[r.Name]; rt != nil {
 		if create {
@@ -51,7 +95,12 @@ func (s *Server) Apply(r *rule.Rule, create bool) (*rule.Rule, error) {
 	if err := rule.Admit(r, existing, others); err != nil {
 		return nil, err
 	}
-	eff := r.Effective()
+	if static != r {
+		if err := rule.Admit(static, existing, others); err != nil {
+			return nil, err
+		}
+	}
+	eff := run.Effective()
 	if err := trtConsumerConflict(eff, others); err != nil {
 		return nil, err
 	}
@@ -68,7 +117,7 @@ func (s *Server) Apply(r *rule.Rule, create bool) (*rule.Rule, error) {
 		}
 		return nil, fmt.Errorf("gateway: persisting rule %q: %w", r.Name, err)
 	}
-	if err := s.installLocked(r); err != nil {
+	if err := s.installLocked(run); err != nil {
 		// Admission passed, so this is a gateway fault; keep the stored copy
 		// consistent with what runs. A failed rollback leaves the store
 		// holding a rule that does not run (it would come back on restart):
@@ -158,6 +207,7 @@ func (s *Server) Delete(name string, drain time.Duration) (abandoned int64, err 
 	if err := s.store.Delete(name); err != nil {
 		return 0, fmt.Errorf("gateway: deleting rule %q: %w", name, err)
 	}
+	s.stopWatchLocked(name)
 	delete(s.rules, name)
 	s.publishLocked()
 	rt.stop()

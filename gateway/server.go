@@ -20,6 +20,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/llmgw/llmgw/gateway/rule"
 	"github.com/llmgw/llmgw/gateway/store"
 )
 
@@ -60,6 +61,9 @@ type Config struct {
 	// Off by default; when AdminToken is set, every profile request needs
 	// it (a heap profile shows what the process holds).
 	Pprof bool
+	// EndpointSource discovers the endpoints of rules with endpoints_from
+	// (package k8s); nil: such rules are refused.
+	EndpointSource EndpointSource
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -87,6 +91,7 @@ type Server struct {
 	// mu serialises rule changes; the data plane reads table lock-free.
 	mu        sync.Mutex
 	rules     map[string]*ruleRuntime
+	watches   map[string]*epWatch      // discovered rules' source watches, by name
 	listeners map[string]*dataListener // by rule.ListenKey; "" = shared
 	table     atomic.Pointer[routeTable]
 
@@ -164,6 +169,7 @@ func New(cfg Config) (*Server, error) {
 		log:       log,
 		store:     st,
 		rules:     map[string]*ruleRuntime{},
+		watches:   map[string]*epWatch{},
 		listeners: map[string]*dataListener{},
 		clients:   map[clientKey]*fasthttp.HostClient{},
 		decisions: newDecisionLog(1024),
@@ -202,13 +208,33 @@ func (s *Server) Start(ctx context.Context) error {
 		s.Close()
 		return fmt.Errorf("gateway: loading persisted rules: %w", err)
 	}
+	// Discovered rules resolve their endpoints first, without s.mu (their
+	// updates take it).
+	run := make([]*rule.Rule, len(saved))
+	watches := map[string]*epWatch{}
+	for i, r := range saved {
+		run[i] = r
+		if r.EndpointsFrom == nil {
+			continue
+		}
+		w, eps, err := s.startWatch(r)
+		if err != nil {
+			s.Close()
+			return fmt.Errorf("gateway: persisted rule %q: %w", r.Name, err)
+		}
+		watches[r.Name] = w
+		run[i], _ = discovered(r, eps)
+	}
 	s.mu.Lock()
-	for _, r := range saved {
+	for _, r := range run {
 		if err := s.installLocked(r); err != nil {
 			s.mu.Unlock()
 			s.Close()
 			return fmt.Errorf("gateway: persisted rule %q: %w", r.Name, err)
 		}
+	}
+	for _, w := range watches {
+		s.registerWatchLocked(w)
 	}
 	s.publishLocked()
 	s.mu.Unlock()

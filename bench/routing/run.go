@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/bench/loadgen"
@@ -95,6 +96,16 @@ type Config struct {
 	PolicyTimeout time.Duration
 	// Logger receives the embedded gateways' logs; nil discards them.
 	Logger *slog.Logger
+	// Replicas is the number of gateways serving the same rule over the
+	// same simulators (0 means 1), each subscribed to every simulator's KV
+	// events and each counting only its own in-flight requests; the
+	// client sends to them in turn (round robin). Oracle policies ignore
+	// it.
+	Replicas int
+	// AgreementProbes, with Replicas ≥ 2, sends that many requests of the
+	// workload again after the run (warm indexes), each to replica 1 and
+	// replica 2 at once, and counts how often both pick the same endpoint.
+	AgreementProbes int
 }
 
 // blockSize is the simulators' (vLLM default) and the rules' KV block size.
@@ -128,6 +139,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: max tokens must be 1..4096, got %d", ErrParams, c.MaxTokens)
 	case c.PolicyTimeout < 0:
 		return fmt.Errorf("%w: policy timeout must not be negative", ErrParams)
+	case c.Replicas < 0 || c.Replicas > 8:
+		return fmt.Errorf("%w: replicas must be 0..8, got %d", ErrParams, c.Replicas)
+	case c.AgreementProbes < 0 || c.AgreementProbes > 0 && c.Replicas < 2:
+		return fmt.Errorf("%w: agreement probes need 2 or more replicas and must not be negative", ErrParams)
 	}
 	for _, p := range c.Policies {
 		if _, err := ParsePolicies(string(p)); err != nil {
@@ -170,6 +185,21 @@ type Result struct {
 	// numbers stripped (e.g. "kv-exact hit", "kv-exact miss=overloaded");
 	// empty for the oracle.
 	Routes map[string]int `json:"routes,omitempty"`
+	// Replicas is the number of gateways the requests were spread over.
+	Replicas int `json:"replicas,omitempty"`
+	// Agreement is the warm-index probe of two replicas (AgreementProbes).
+	Agreement *Agreement `json:"agreement,omitempty"`
+}
+
+// Agreement counts probe pairs: the same request sent at once to two
+// replicas, Same of Pairs answered by the same endpoint; BothHit of them
+// routed as a KV-exact hit by both replicas (agreement from the indexes,
+// not only from a shared CHWBL ring, which agrees without any).
+type Agreement struct {
+	Pairs   int     `json:"pairs"`
+	Same    int     `json:"same"`
+	BothHit int     `json:"both_hit"`
+	Ratio   float64 `json:"ratio"`
 }
 
 // Report is a whole routing benchmark run.
@@ -254,6 +284,8 @@ type router struct {
 	target func(msgs []tokenizer.Message) (url string, endpoint int, release func(), err error)
 	// inFlight samples per-endpoint in-flight counts.
 	inFlight func() []int64
+	// replicaURLs are the gateways' chat URLs (nil for the oracle).
+	replicaURLs []string
 }
 
 func runPolicy(ctx context.Context, cfg Config, p Policy, sessions []Session) (*Result, error) {
@@ -277,7 +309,12 @@ func runPolicy(ctx context.Context, cfg Config, p Policy, sessions []Session) (*
 		return nil, err
 	}
 	defer closeRouter()
-	return drive(pctx, cfg, p, rt, sessions)
+	res, err := drive(pctx, cfg, p, rt, sessions)
+	if err != nil || cfg.AgreementProbes == 0 || len(rt.replicaURLs) < 2 {
+		return res, err
+	}
+	res.Agreement, err = probeAgreement(pctx, cfg, rt.replicaURLs[:2], sessions)
+	return res, err
 }
 
 func startSims(ctx context.Context, cfg Config, events bool) ([]*sim.Sim, error) {
@@ -376,52 +413,117 @@ func newRouter(ctx context.Context, cfg Config, p Policy, sims []*sim.Sim) (*rou
 	if err != nil {
 		return nil, nil, fmt.Errorf("routing: %s rule: %w", p, err)
 	}
-	dir, err := os.MkdirTemp("", "llmgw-bench-")
-	if err != nil {
-		return nil, nil, fmt.Errorf("routing: state dir: %w", err)
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: dir, Logger: log})
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, nil, fmt.Errorf("routing: gateway: %w", err)
-	}
-	closeAll := func() { _ = gw.Close(); os.RemoveAll(dir) }
-	if err := gw.Start(ctx); err != nil {
-		os.RemoveAll(dir)
-		return nil, nil, fmt.Errorf("routing: gateway start: %w", err)
-	}
-	if _, err := gw.Apply(r, true); err != nil {
-		closeAll()
-		return nil, nil, fmt.Errorf("routing: apply %s rule: %w", p, err)
-	}
-	if p == KVExact {
-		if err := waitEventsConnected(ctx, gw); err != nil {
-			closeAll()
-			return nil, nil, err
+	replicas := max(cfg.Replicas, 1)
+	var gws []*gateway.Server
+	var dirs []string
+	closeAll := func() {
+		for _, gw := range gws {
+			_ = gw.Close()
+		}
+		for _, d := range dirs {
+			os.RemoveAll(d)
 		}
 	}
-	url := "http://" + gw.Addr() + "/v1/chat/completions"
+	var urls []string
+	for range replicas {
+		dir, err := os.MkdirTemp("", "llmgw-bench-")
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("routing: state dir: %w", err)
+		}
+		dirs = append(dirs, dir)
+		gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: dir, Logger: log})
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("routing: gateway: %w", err)
+		}
+		if err := gw.Start(ctx); err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("routing: gateway start: %w", err)
+		}
+		gws = append(gws, gw)
+		if _, err := gw.Apply(r.Clone(), true); err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("routing: apply %s rule: %w", p, err)
+		}
+		if p == KVExact {
+			if err := waitEventsConnected(ctx, gw); err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+		}
+		urls = append(urls, "http://"+gw.Addr()+"/v1/chat/completions")
+	}
 	n := len(sims)
+	var next atomic.Uint64
 	return &router{
-		target: func([]tokenizer.Message) (string, int, func(), error) { return url, -1, func() {}, nil },
+		target: func([]tokenizer.Message) (string, int, func(), error) {
+			return urls[(next.Add(1)-1)%uint64(len(urls))], -1, func() {}, nil
+		},
+		// The sum over replicas: what each engine really has in flight.
 		inFlight: func() []int64 {
 			out := make([]int64, n)
-			st, err := gw.Rule("bench")
-			if err != nil {
-				return out
-			}
-			for _, e := range st.Status.Endpoints {
-				if i := endpointIndex(e.ID); i >= 0 && i < n {
-					out[i] = e.InFlight
+			for _, gw := range gws {
+				st, err := gw.Rule("bench")
+				if err != nil {
+					continue
+				}
+				for _, e := range st.Status.Endpoints {
+					if i := endpointIndex(e.ID); i >= 0 && i < n {
+						out[i] += e.InFlight
+					}
 				}
 			}
 			return out
 		},
+		replicaURLs: urls,
 	}, closeAll, nil
+}
+
+// probeAgreement sends requests of the workload (the first request of
+// each session, up to cfg.AgreementProbes, after the run has warmed every
+// index) to two replicas at the same moment, one pair at a time, and counts
+// how often both answer from the same endpoint.
+func probeAgreement(ctx context.Context, cfg Config, urls []string, sessions []Session) (*Agreement, error) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	a := &Agreement{}
+	for _, s := range sessions {
+		if a.Pairs == cfg.AgreementProbes || len(s) == 0 {
+			break
+		}
+		var out [2]outcome
+		var wg sync.WaitGroup
+		for i, u := range urls {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rt := &router{target: func([]tokenizer.Message) (string, int, func(), error) { return u, -1, func() {}, nil }}
+				out[i] = send(ctx, client, rt, cfg.MaxTokens, s[0])
+			}()
+		}
+		wg.Wait()
+		for _, o := range out {
+			if o.err != nil {
+				return a, fmt.Errorf("routing: agreement probe: %w", o.err)
+			}
+		}
+		a.Pairs++
+		if out[0].endpoint == out[1].endpoint {
+			a.Same++
+		}
+		if out[0].route == "kv-exact hit" && out[1].route == "kv-exact hit" {
+			a.BothHit++
+		}
+	}
+	if a.Pairs > 0 {
+		a.Ratio = float64(a.Same) / float64(a.Pairs)
+	}
+	return a, nil
 }
 
 // waitEventsConnected waits until every endpoint's KV event stream is
@@ -476,7 +578,7 @@ func drive(ctx context.Context, cfg Config, p Policy, rt *router, sessions []Ses
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Concurrency * 2, DisableCompression: true}}
 	defer client.CloseIdleConnections()
 
-	res := &Result{Policy: p, MeanInFlight: make([]float64, cfg.Endpoints), Share: make([]int, cfg.Endpoints)}
+	res := &Result{Policy: p, Replicas: len(rt.replicaURLs), MeanInFlight: make([]float64, cfg.Endpoints), Share: make([]int, cfg.Endpoints)}
 	sums := make([]float64, cfg.Endpoints)
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var samplerDone sync.WaitGroup

@@ -129,7 +129,8 @@ const (
 	CodeListenInvalid        = "listen_invalid"
 	CodeKVEngineImmutable    = "kv_engine_immutable"   // ref V16, 409
 	CodeListenModelConflict  = "listen_model_conflict" // 409
-	CodeReadBackName         = "read_back_name"        // sel_name, kvExactModeName, ep_role_name
+	CodeEndpointsFrom        = "endpoints_from_invalid"
+	CodeReadBackName         = "read_back_name" // sel_name, kvExactModeName, ep_role_name
 )
 
 // SupportedSels lists the selection policies llmgw implements.
@@ -292,6 +293,9 @@ func checkSel(r *Rule) *AdmissionError {
 }
 
 func checkEndpoints(r *Rule) *AdmissionError {
+	if r.EndpointsFrom != nil {
+		return checkEndpointsFrom(r)
+	}
 	if len(r.Endpoints) == 0 {
 		return bad(CodeEndpointsRequired, "endpoints", "a rule needs at least one endpoint")
 	}
@@ -396,6 +400,70 @@ func checkZmqEndpoint(s string) string {
 		return fmt.Sprintf("%q: port must be within 1..65535", truncate(s, 80))
 	}
 	return ""
+}
+
+// checkEndpointsFrom checks a discovered pool's source. The endpoints it
+// finds are admitted later, one set at a time, as the endpoints of the same
+// rule written statically (the gateway does that on every change).
+func checkEndpointsFrom(r *Rule) *AdmissionError {
+	f := r.EndpointsFrom
+	if len(r.Endpoints) > 0 {
+		return bad(CodeEndpointsFrom, "endpoints", "endpoints are discovered from endpoints_from; remove the endpoints list (%d given)", len(r.Endpoints))
+	}
+	if r.PDDisaggMode {
+		return bad(CodeEndpointsFrom, "endpoints_from", "pd_disagg_mode needs each endpoint's ep_role, which discovery does not give; list the endpoints statically")
+	}
+	if !validK8sName(f.Namespace) {
+		return bad(CodeEndpointsFrom, "endpoints_from.namespace", "namespace %q is not a Kubernetes namespace name (lower-case letters, digits, '-', 1..63)", truncate(f.Namespace, 80))
+	}
+	switch {
+	case f.Service != "" && len(f.Selector) > 0:
+		return bad(CodeEndpointsFrom, "endpoints_from", "give service or selector, not both")
+	case f.Service != "":
+		if !validK8sName(f.Service) {
+			return bad(CodeEndpointsFrom, "endpoints_from.service", "service %q is not a Kubernetes Service name", truncate(f.Service, 80))
+		}
+		if len(f.TargetPorts) > 0 {
+			return bad(CodeEndpointsFrom, "endpoints_from.target_ports", "target_ports go with selector; a Service's port comes from its EndpointSlices (use port_name to pick one)")
+		}
+	case len(f.Selector) > 0:
+		if f.PortName != "" {
+			return bad(CodeEndpointsFrom, "endpoints_from.port_name", "port_name goes with service; pods selected by labels are served on target_ports")
+		}
+		if len(f.TargetPorts) == 0 {
+			return bad(CodeEndpointsFrom, "endpoints_from.target_ports", "selector needs target_ports (the pods' serving ports)")
+		}
+		seen := map[int]bool{}
+		for i, p := range f.TargetPorts {
+			if p < 1 || p > 65535 || seen[p] {
+				return bad(CodeEndpointsFrom, fmt.Sprintf("endpoints_from.target_ports[%d]", i), "port %d: each target port is 1..65535 and listed once", p)
+			}
+			seen[p] = true
+		}
+		for k, v := range f.Selector {
+			if k == "" || len(k) > 316 || len(v) > 63 || strings.ContainsAny(k+v, ",=!() ") {
+				return bad(CodeEndpointsFrom, "endpoints_from.selector", "label %q=%q is not a valid label selector term", truncate(k, 80), truncate(v, 80))
+			}
+		}
+	default:
+		return bad(CodeEndpointsFrom, "endpoints_from", "give service (a Service's EndpointSlices) or selector with target_ports (pods by label)")
+	}
+	return nil
+}
+
+// validK8sName reports whether s is an RFC 1123 DNS label, the form of a
+// Namespace or Service name.
+func validK8sName(s string) bool {
+	if s == "" || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func checkPD(r *Rule) *AdmissionError {

@@ -28,6 +28,16 @@ func plainRule() *Rule {
 	}
 }
 
+// podsRule is a valid rule whose endpoints are pods selected by labels.
+func podsRule() *Rule {
+	return &Rule{Name: "pods", ModelName: "m", EndpointsFrom: &EndpointsFrom{Namespace: "llm", Selector: map[string]string{"app": "vllm"}, TargetPorts: []int{8000}}}
+}
+
+// svcRule is a valid rule whose endpoints are a Service's EndpointSlices.
+func svcRule() *Rule {
+	return &Rule{Name: "svc", ModelName: "m", EndpointsFrom: &EndpointsFrom{Namespace: "llm", Service: "vllm", PortName: "http"}}
+}
+
 // pdRule is a valid SGLang P/D rule.
 func pdRule() *Rule {
 	return &Rule{
@@ -80,6 +90,22 @@ func TestAdmitRules(t *testing.T) {
 		{name: "valid plain", base: plainRule},
 		{name: "valid pd", base: pdRule},
 		{name: "valid trtllm pd", base: trtRule},
+		{name: "valid endpoints_from pods", base: podsRule},
+		{name: "valid endpoints_from service", base: svcRule},
+		{name: "endpoints_from with endpoints", base: podsRule, mutate: func(r *Rule) { r.Endpoints = plainRule().Endpoints }, wantCode: CodeEndpointsFrom, wantField: "endpoints"},
+		{name: "endpoints_from with pd", base: podsRule, mutate: func(r *Rule) { r.PDDisaggMode = true }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from"},
+		{name: "endpoints_from bad namespace", base: podsRule, mutate: func(r *Rule) { r.EndpointsFrom.Namespace = "Upper" }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.namespace"},
+		{name: "endpoints_from no namespace", base: svcRule, mutate: func(r *Rule) { r.EndpointsFrom.Namespace = "" }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.namespace"},
+		{name: "endpoints_from neither", base: podsRule, mutate: func(r *Rule) { r.EndpointsFrom.Selector = nil }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from"},
+		{name: "endpoints_from both", base: podsRule, mutate: func(r *Rule) { r.EndpointsFrom.Service = "vllm" }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from"},
+		{name: "endpoints_from bad service", base: svcRule, mutate: func(r *Rule) { r.EndpointsFrom.Service = "a_b" }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.service"},
+		{name: "endpoints_from service with target_ports", base: svcRule, mutate: func(r *Rule) { r.EndpointsFrom.TargetPorts = []int{8000} }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.target_ports"},
+		{name: "endpoints_from selector with port_name", base: podsRule, mutate: func(r *Rule) { r.EndpointsFrom.PortName = "http" }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.port_name"},
+		{name: "endpoints_from selector without ports", base: podsRule, mutate: func(r *Rule) { r.EndpointsFrom.TargetPorts = nil }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.target_ports"},
+		{name: "endpoints_from port out of range", base: podsRule, mutate: func(r *Rule) { r.EndpointsFrom.TargetPorts = []int{8000, 70000} }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.target_ports[1]"},
+		{name: "endpoints_from port twice", base: podsRule, mutate: func(r *Rule) { r.EndpointsFrom.TargetPorts = []int{8000, 8000} }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.target_ports[1]"},
+		{name: "endpoints_from bad selector term", base: podsRule, mutate: func(r *Rule) { r.EndpointsFrom.Selector = map[string]string{"app": "a,b"} }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.selector"},
+		{name: "endpoints_from two ports", base: podsRule, mutate: func(r *Rule) { r.EndpointsFrom.TargetPorts = []int{8000, 8001} }},
 		{name: "name required", base: plainRule, mutate: func(r *Rule) { r.Name = "" }, wantCode: CodeNameRequired, wantField: "name"},
 		{name: "name with slash", base: plainRule, mutate: func(r *Rule) { r.Name = "a/b" }, wantCode: CodeNameInvalid, wantField: "name"},
 		{name: "name dot dot", base: plainRule, mutate: func(r *Rule) { r.Name = ".." }, wantCode: CodeNameInvalid},

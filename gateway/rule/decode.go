@@ -266,6 +266,8 @@ func (c *checker) value(t reflect.Type, path string, tok json.Token) error {
 		return c.object(t, path, tok)
 	case reflect.Slice:
 		return c.list(t, path, tok)
+	case reflect.Map:
+		return c.dict(t, path, tok)
 	case reflect.String:
 		if _, ok := tok.(string); !ok {
 			return wantGot(path, "string", tok)
@@ -349,6 +351,42 @@ func (c *checker) object(t reflect.Type, path string, tok json.Token) error {
 			return fmt.Errorf("%w: %w", ErrSyntax, err)
 		}
 		if err := c.value(f, fpath, vtok); err != nil {
+			return err
+		}
+	}
+	if _, err := c.dec.Token(); err != nil { // the closing '}'
+		return fmt.Errorf("%w: %w", ErrSyntax, err)
+	}
+	return nil
+}
+
+// dict checks a string-keyed map (endpoints_from.selector): an object
+// whose keys are free but unique, each value of the map's element kind.
+func (c *checker) dict(t reflect.Type, path string, tok json.Token) error {
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return wantGot(path, "object", tok)
+	}
+	if c.depth++; c.depth > maxDepth {
+		return &FieldError{Path: path, Message: "nested too deeply"}
+	}
+	defer func() { c.depth-- }()
+	seen := map[string]bool{}
+	for c.dec.More() {
+		ktok, err := c.dec.Token()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrSyntax, err)
+		}
+		key, _ := ktok.(string)
+		kpath := joinPath(path, key)
+		if seen[key] {
+			return &FieldError{Path: kpath, Message: "duplicate key"}
+		}
+		seen[key] = true
+		vtok, err := c.dec.Token()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrSyntax, err)
+		}
+		if err := c.value(t.Elem(), kpath, vtok); err != nil {
 			return err
 		}
 	}

@@ -87,6 +87,18 @@ func (r *Rule) Clone() *Rule {
 		t := *r.BackendTLS
 		c.BackendTLS = &t
 	}
+	if r.EndpointsFrom != nil {
+		f := *r.EndpointsFrom
+		f.Selector = nil // an empty selector reads back as absent
+		if len(r.EndpointsFrom.Selector) > 0 {
+			f.Selector = make(map[string]string, len(r.EndpointsFrom.Selector))
+			for k, v := range r.EndpointsFrom.Selector {
+				f.Selector[k] = v
+			}
+		}
+		f.TargetPorts = append([]int(nil), f.TargetPorts...)
+		c.EndpointsFrom = &f
+	}
 	if r.Endpoints != nil {
 		c.Endpoints = make([]Endpoint, len(r.Endpoints))
 		for i, ep := range r.Endpoints {

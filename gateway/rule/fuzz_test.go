@@ -25,6 +25,9 @@ func FuzzDecode(f *testing.F) {
 		"- a\n- b\n",
 		`{"name":"a","name":"a"}`,
 		`{"chwbl":{"load_factor":1e308}}`,
+		"name: a\nendpoints_from: {namespace: llm, selector: {app: vllm, tier: x}, target_ports: [8000, 8001]}\n",
+		`{"name":"a","endpoints_from":{"namespace":"llm","service":"vllm","selector":{},"port_name":"http"}}`,
+		`{"name":"a","endpoints_from":{"namespace":"llm","selector":{"app":"a","app":"b"},"target_ports":[1]}}`,
 		"",
 	} {
 		f.Add([]byte(s))

@@ -70,6 +70,33 @@ type Rule struct {
 	BackendTLS *BackendTLSConfig `json:"backend_tls,omitempty"`
 
 	Endpoints []Endpoint `json:"endpoints"`
+	// EndpointsFrom, when set, makes the gateway discover the endpoints
+	// instead of reading them from Endpoints (which must then be empty in
+	// what the operator writes; the read-back lists the current set). It
+	// needs a server started with an endpoint source (llmgw serve
+	// --endpoints-source kubernetes).
+	EndpointsFrom *EndpointsFrom `json:"endpoints_from,omitempty"`
+}
+
+// EndpointsFrom names where a rule's endpoints come from in a cluster: a
+// Service's EndpointSlices, or pods selected by labels (the shape of a
+// Gateway API Inference Extension InferencePool: selector, targetPorts).
+// Exactly one of Service and Selector is set. Only ready addresses count:
+// an endpoint whose pod is not ready is not in the set.
+type EndpointsFrom struct {
+	// Namespace of the Service or pods; required.
+	Namespace string `json:"namespace"`
+	// Service is a Service name: its EndpointSlices give the addresses.
+	Service string `json:"service,omitempty"`
+	// PortName picks the EndpointSlice port by name when the Service has
+	// several; "" takes the only port.
+	PortName string `json:"port_name,omitempty"`
+	// Selector is a label selector (matchLabels) over pods.
+	Selector map[string]string `json:"selector,omitempty"`
+	// TargetPorts are the pods' serving ports (InferencePool targetPorts);
+	// required with Selector, each 1..65535. A pod with several ports gives
+	// one endpoint per port.
+	TargetPorts []int `json:"target_ports,omitempty"`
 }
 
 // Endpoint is one worker of a rule.

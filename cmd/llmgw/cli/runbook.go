@@ -3,11 +3,15 @@ package cli
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
+	"github.com/llmgw/llmgw/k8s"
 	"github.com/llmgw/llmgw/results"
 	"github.com/llmgw/llmgw/runbook"
 	"github.com/llmgw/llmgw/runbook/converged"
@@ -24,6 +28,8 @@ type RunbookOptions struct {
 	workersSet            bool
 	Launcher              string
 	Endpoints             string
+	EndpointsFrom         string
+	Kubeconfig            string
 	KVEvents              string
 	KVTokenizer           string
 	AcceptVersionMismatch bool
@@ -84,6 +90,9 @@ Launchers:
             printf 'FROM scratch\nCOPY llmgw /llmgw\nENTRYPOINT ["/llmgw"]\n' > $d/Dockerfile &&
             docker build -t llmgw-sim:test $d
   attach  --endpoints host:port,... already running; nothing launched or stopped
+          --endpoints-from kubernetes:NAMESPACE/SERVICE takes them instead from the
+          Service's ready EndpointSlice addresses at launch (the discovery of a rule's
+          endpoints_from; pods' llmgw.io/kv-events-endpoint annotations give --kv-events)
 
 llamacpp has no KV events: --mode exact with --engine llamacpp is a usage error.
 
@@ -105,7 +114,10 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
   llmgw runbook converged --launcher docker --image-override sim=llmgw-sim:test
 
   # workers and a gateway that already run
-  llmgw runbook converged --launcher attach --endpoints 10.0.0.5:8000,10.0.0.6:8000 --gateway http://10.0.0.2:8081`,
+  llmgw runbook converged --launcher attach --endpoints 10.0.0.5:8000,10.0.0.6:8000 --gateway http://10.0.0.2:8081
+
+  # workers behind a Kubernetes Service
+  llmgw runbook converged --launcher attach --endpoints-from kubernetes:llm/vllm --gateway http://10.0.0.2:8081`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.workersSet = cmd.Flags().Changed("workers")
@@ -127,6 +139,8 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 	f.IntVar(&opts.Workers, "workers", converged.DefaultWorkers, "number of workers (attach: defaults to the number of --endpoints)")
 	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
 	f.StringVar(&opts.Endpoints, "endpoints", "", "attach: running workers as host:port,...")
+	f.StringVar(&opts.EndpointsFrom, "endpoints-from", "", "attach: take the workers from a Service's ready EndpointSlice addresses, kubernetes:NAMESPACE/SERVICE (the set at launch; a pod's llmgw.io/kv-events-endpoint annotation gives its KV events)")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig for --endpoints-from (default $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
 	f.StringVar(&opts.KVEvents, "kv-events", "", "attach, mode exact: the workers' KV event endpoints as tcp://host:port,... (one per --endpoints entry; default: what a simulator reports, else the rule's kvZmqPort)")
 	f.BoolVar(&opts.AcceptVersionMismatch, "accept-version-mismatch", false, "qualify real workers that report an engine version other than the catalog tuple's (the mismatch stays on the row)")
 	f.StringVar(&opts.KVTokenizer, "kv-tokenizer", "", "exact mode: the rule's kvTokenizer (a tokenizer.json or .gguf path, a models directory, or engine); \"\" = the simulators' Qwen3 tokenizer with --launcher sim, else engine")
@@ -162,6 +176,9 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 	if o.Endpoints != "" && o.Launcher != results.LauncherAttach {
 		return nil, usageErrorf("--endpoints needs --launcher attach (got --launcher %s)", o.Launcher)
 	}
+	if o.EndpointsFrom != "" && o.Launcher != results.LauncherAttach {
+		return nil, usageErrorf("--endpoints-from needs --launcher attach (got --launcher %s)", o.Launcher)
+	}
 	if len(o.ImageOverrides) > 0 && o.Launcher != results.LauncherDocker {
 		return nil, usageErrorf("--image-override needs --launcher docker (got --launcher %s)", o.Launcher)
 	}
@@ -184,12 +201,20 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 			}
 		}
 	case results.LauncherAttach:
-		if o.Endpoints == "" {
-			return nil, usageErrorf("--launcher attach needs --endpoints host:port,...")
-		}
-		eps, err := launcher.ParseEndpoints(o.Endpoints)
-		if err != nil {
-			return nil, usageErrorf("--endpoints: %v", err)
+		var eps, discoveredEvents []string
+		switch {
+		case o.Endpoints != "" && o.EndpointsFrom != "":
+			return nil, usageErrorf("--endpoints and --endpoints-from exclude each other")
+		case o.EndpointsFrom != "":
+			if eps, discoveredEvents, err = attachFromCluster(o.EndpointsFrom, o.Kubeconfig); err != nil {
+				return nil, err
+			}
+		case o.Endpoints == "":
+			return nil, usageErrorf("--launcher attach needs --endpoints host:port,... or --endpoints-from kubernetes:NAMESPACE/SERVICE")
+		default:
+			if eps, err = launcher.ParseEndpoints(o.Endpoints); err != nil {
+				return nil, usageErrorf("--endpoints: %v", err)
+			}
 		}
 		if o.workersSet && o.Workers != len(eps) {
 			return nil, usageErrorf("--workers %d conflicts with %d --endpoints", o.Workers, len(eps))
@@ -207,6 +232,9 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 				return nil, usageErrorf("--kv-events lists %d endpoints for %d --endpoints", len(evs), len(eps))
 			}
 		}
+		if evs == nil {
+			evs = discoveredEvents
+		}
 		co.Launcher = &launcher.Attach{Endpoints: eps, Events: evs}
 	default:
 		return nil, usageErrorf("--launcher %q: valid launchers are %s", o.Launcher, strings.Join(launcherNames, ", "))
@@ -219,6 +247,44 @@ func convergedOptions(o *RunbookOptions) (*converged.Options, error) {
 		return nil, err
 	}
 	return co, nil
+}
+
+// attachFromCluster resolves --endpoints-from through the same discovery
+// as a rule's endpoints_from: the Service's ready addresses now, as
+// host:port, and their KV event endpoints when every pod's annotation
+// names one (otherwise none: the rule's convention applies).
+func attachFromCluster(ref, kubeconfig string) (eps, events []string, err error) {
+	from, err := k8s.ParseServiceRef(ref)
+	if err != nil {
+		return nil, nil, usageErrorf("--endpoints-from: %v", err)
+	}
+	cfg, err := k8s.RESTConfig(kubeconfig)
+	if err != nil {
+		return nil, nil, usageErrorf("--endpoints-from: %v", err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, usageErrorf("--endpoints-from: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	found, err := k8s.Resolve(ctx, cs, from)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--endpoints-from %s: %w", ref, err)
+	}
+	if len(found) == 0 {
+		return nil, nil, fmt.Errorf("--endpoints-from %s: no ready endpoint", ref)
+	}
+	all := true
+	for _, e := range found {
+		eps = append(eps, net.JoinHostPort(e.EndpointIP, strconv.Itoa(e.TargetPort)))
+		events = append(events, e.KVEventsEndpoint)
+		all = all && e.KVEventsEndpoint != ""
+	}
+	if !all {
+		events = nil
+	}
+	return eps, events, nil
 }
 
 func runbookConvergedRun(cmd *cobra.Command, o *RunbookOptions) error {

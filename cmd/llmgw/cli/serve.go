@@ -1,17 +1,22 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 
 	"github.com/llmgw/llmgw/gateway"
 	"github.com/llmgw/llmgw/gateway/rule"
+	"github.com/llmgw/llmgw/k8s"
 )
 
 // ServeOptions are the inputs of `llmgw serve`.
@@ -31,6 +36,14 @@ type ServeOptions struct {
 	LogLevel       string
 	LogPayloads    bool
 	Pprof          bool
+	// EndpointsSource "" or "kubernetes": where rules with endpoints_from
+	// discover their endpoints; Kubeconfig is its client configuration.
+	EndpointsSource string
+	Kubeconfig      string
+	// RulesFrom "" (local disk) or "kubernetes" (Rule objects in
+	// RulesNamespace).
+	RulesFrom      string
+	RulesNamespace string
 }
 
 func newServeCmd(io *IOStreams, runF func(*cobra.Command, *ServeOptions) error) *cobra.Command {
@@ -80,6 +93,10 @@ that fails admission stops the start with the reason.`,
 	f.StringVar(&opts.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&opts.LogPayloads, "log-payloads", false, "log prompt and completion bodies at debug level (off: payloads may hold personal data)")
 	f.BoolVar(&opts.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the admin listener (behind the admin token when one is set)")
+	f.StringVar(&opts.EndpointsSource, "endpoints-source", "", `"kubernetes": rules with endpoints_from discover their endpoints from the cluster's EndpointSlices or pods ("" refuses such rules)`)
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig for --endpoints-source kubernetes (default $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
+	f.StringVar(&opts.RulesFrom, "rules-from", "", `"kubernetes": apply the Rule objects (rules.llmgw.io) of --rules-namespace with the same admission and write each verdict to its status; "" keeps rules on local disk only`)
+	f.StringVar(&opts.RulesNamespace, "rules-namespace", "default", "namespace of the Rule objects read by --rules-from kubernetes")
 	return cmd
 }
 
@@ -137,19 +154,64 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 			return usageErrorf("--rules %s: %v", opts.RulesFile, err)
 		}
 	}
-	srv, err := gateway.New(gateway.Config{
+	switch opts.RulesFrom {
+	case "":
+	case "kubernetes":
+		if opts.RulesFile != "" {
+			return usageErrorf("--rules and --rules-from kubernetes exclude each other: the cluster's Rule objects are the rules")
+		}
+	default:
+		return usageErrorf("--rules-from %q: want kubernetes or nothing", opts.RulesFrom)
+	}
+	var kcfg *rest.Config
+	if opts.EndpointsSource != "" || opts.RulesFrom != "" {
+		if kcfg, err = k8s.RESTConfig(opts.Kubeconfig); err != nil {
+			return usageErrorf("%v", err)
+		}
+	}
+	var src *k8s.Source
+	switch opts.EndpointsSource {
+	case "":
+	case "kubernetes":
+		if src, err = k8s.NewSourceFromConfig(kcfg); err != nil {
+			return usageErrorf("--endpoints-source kubernetes: %v", err)
+		}
+		// After the server has stopped (deferred below, so run later):
+		// the watches' contexts have ended; wait for their goroutines.
+		defer src.Wait()
+	default:
+		return usageErrorf("--endpoints-source %q: want kubernetes or nothing", opts.EndpointsSource)
+	}
+	gcfg := gateway.Config{
 		Listen: opts.Listen, Admin: opts.Admin, AdminToken: token, StateDir: opts.StateDir,
 		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, WriteTimeout: opts.WriteTimeout, BufferBudget: opts.BufferBudget, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
 		LogPayloads: opts.LogPayloads, Pprof: opts.Pprof, Logger: log,
-	})
+	}
+	if src != nil {
+		gcfg.EndpointSource = src
+	}
+	srv, err := gateway.New(gcfg)
 	if err != nil {
 		return usageErrorf("%v", err)
 	}
-	ctx := cmd.Context()
+	ctx, cancel := context.WithCancel(cmd.Context())
 	if err := srv.Start(ctx); err != nil {
+		cancel()
 		return err
 	}
 	defer srv.Close()
+	var syncs sync.WaitGroup
+	defer syncs.Wait()
+	defer cancel()
+	if opts.RulesFrom == "kubernetes" {
+		dyn, err := dynamic.NewForConfig(kcfg)
+		if err != nil {
+			return usageErrorf("--rules-from kubernetes: %v", err)
+		}
+		if err := k8s.NewRuleSync(dyn, opts.RulesNamespace, srv, log).Run(ctx, &syncs); err != nil {
+			return fmt.Errorf("--rules-from kubernetes: %w", err)
+		}
+	}
 	for _, r := range initial {
 		if _, err := srv.Apply(r, false); err != nil {
 			return fmt.Errorf("--rules %s: rule %q: %w", opts.RulesFile, r.Name, err)
