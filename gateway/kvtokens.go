@@ -166,20 +166,43 @@ func (t *localTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.V
 }
 
 func (t *localTokenizer) prompt(_ context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) (string, []uint32, error) {
-	var text string
+	text, dst, ok, err := t.text(dst, v, kind)
+	if err != nil || !ok {
+		return "", dst, err
+	}
+	return text, t.cache.encode(dst, text, t.tok), nil
+}
+
+// tokensUntil is tokens in independent units (tokenizer.HF.EncodeUntil),
+// asking more before each whether to go on. Once more refuses, the rest of
+// the prompt is only counted: rest is a lower bound on the ids it holds,
+// and done is false. A tokenizer that cannot stop part way encodes it all.
+func (t *localTokenizer) tokensUntil(dst []uint32, v *fastjson.Value, kind openai.Kind, more func([]uint32) bool) (ids []uint32, rest int, done bool, err error) {
+	text, dst, ok, err := t.text(dst, v, kind)
+	if err != nil || !ok {
+		return dst, 0, true, err
+	}
+	ids, rest, done = t.cache.encodeUntil(dst, text, t.tok, more)
+	return ids, rest, done, nil
+}
+
+// text returns the text a request's prompt encodes (the rendered chat
+// prompt, or the completions prompt after the BOS appended to dst); ok is
+// false when the prompt was given as token ids, which are appended to dst.
+func (t *localTokenizer) text(dst []uint32, v *fastjson.Value, kind openai.Kind) (text string, out []uint32, ok bool, err error) {
 	switch kind {
 	case openai.Chat:
 		if t.render == nil {
-			return "", dst, tokenizeErr("tokenize", "tokenizer %s has no chat template", t.tok.Name())
+			return "", dst, false, tokenizeErr("tokenize", "tokenizer %s has no chat template", t.tok.Name())
 		}
 		msgs, err := messages(v)
 		if err != nil {
-			return "", dst, tokenizeErr("tokenize", "%v", err)
+			return "", dst, false, tokenizeErr("tokenize", "%v", err)
 		}
 		if text, err = t.render.RenderWith(msgs, true, templateVars(v)); err != nil {
-			return "", dst, tokenizeErr("tokenize", "chat template: %v", err)
+			return "", dst, false, tokenizeErr("tokenize", "chat template: %v", err)
 		}
-		return text, t.cache.encode(dst, text, t.tok), nil
+		return text, dst, true, nil
 	default:
 		p := v.Get("prompt")
 		switch p.Type() {
@@ -188,28 +211,27 @@ func (t *localTokenizer) prompt(_ context.Context, dst []uint32, v *fastjson.Val
 		case fastjson.TypeArray:
 			items := p.GetArray()
 			if len(items) == 0 {
-				return "", dst, tokenizeErr("tokenize", "empty prompt")
+				return "", dst, false, tokenizeErr("tokenize", "empty prompt")
 			}
 			switch items[0].Type() {
 			case fastjson.TypeNumber: // one prompt of token ids: used as given
 				for _, it := range items {
 					dst = append(dst, uint32(it.GetUint()))
 				}
-				return "", dst, nil
+				return "", dst, false, nil
 			case fastjson.TypeString:
 				text = string(items[0].GetStringBytes())
 			case fastjson.TypeArray:
 				for _, it := range items[0].GetArray() {
 					dst = append(dst, uint32(it.GetUint()))
 				}
-				return "", dst, nil
+				return "", dst, false, nil
 			}
 		default:
-			return "", dst, tokenizeErr("tokenize", "no prompt")
+			return "", dst, false, tokenizeErr("tokenize", "no prompt")
 		}
 	}
-	dst = append(dst, t.bos...)
-	return text, t.cache.encode(dst, text, t.tok), nil
+	return text, append(dst, t.bos...), true, nil
 }
 
 // tokenCache memoises tokenization by segment. Special-token text splits a
@@ -266,47 +288,125 @@ var specialMarkers = []string{"<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|
 
 // encode appends the ids of text, segment by segment.
 func (c *tokenCache) encode(dst []uint32, text string, tok tokenizer.Tokenizer) []uint32 {
-	for len(text) > 0 {
-		cut := len(text)
-		for _, m := range c.markers {
-			// the next marker after position 0 starts the next segment
-			if i := strings.Index(text[1:], m); i >= 0 && i+1 < cut {
-				cut = i + 1
-			}
-		}
-		seg := text[:cut]
-		text = text[cut:]
-		dst = c.segment(dst, seg, tok)
-	}
+	dst, _, _ = c.encodeUntil(dst, text, tok, nil)
 	return dst
 }
 
+// untilEncoder is a tokenizer that can stop part way (tokenizer.HF).
+type untilEncoder interface {
+	EncodeUntil(dst []uint32, text string, more func([]uint32) bool) ([]uint32, int, bool)
+}
+
+// encodeUntil is encode asking more (nil: always go on) before each
+// segment and, inside a segment it encodes, before each of the
+// tokenizer's independent units; see localTokenizer.tokensUntil. Only
+// segments encoded whole enter the cache.
+func (c *tokenCache) encodeUntil(dst []uint32, text string, tok tokenizer.Tokenizer, more func([]uint32) bool) (ids []uint32, rest int, done bool) {
+	ue, canStop := tok.(untilEncoder)
+	stopped := false
+	// next[i] is where marker i occurs next in the whole text (at or after
+	// off+1; -1: nowhere), found again only once passed, so a prompt full
+	// of markers is scanned once per marker, not once per segment.
+	var nextBuf [16]int
+	next := nextBuf[:0]
+	for range c.markers {
+		next = append(next, 0)
+	}
+	whole := text
+	for off := 0; off < len(whole); {
+		cut := len(whole)
+		for i, m := range c.markers {
+			// the next marker after position off starts the next segment
+			if next[i] >= 0 && next[i] <= off {
+				if j := strings.Index(whole[off+1:], m); j >= 0 {
+					next[i] = off + 1 + j
+				} else {
+					next[i] = -1
+				}
+			}
+			if next[i] >= 0 && next[i] < cut {
+				cut = next[i]
+			}
+		}
+		seg := whole[off:cut]
+		off = cut
+		switch {
+		case more == nil || !canStop:
+			dst = c.segment(dst, seg, tok)
+		case stopped:
+			_, n, _ := ue.EncodeUntil(nil, seg, refuse)
+			rest += n
+		default:
+			if !more(dst) {
+				stopped = true
+				_, n, _ := ue.EncodeUntil(nil, seg, refuse)
+				rest += n
+				continue
+			}
+			if ids, ok := c.lookup(seg); ok {
+				dst = append(dst, ids...)
+				continue
+			}
+			start := len(dst)
+			var whole bool
+			var n int
+			dst, n, whole = ue.EncodeUntil(dst, seg, more)
+			if !whole {
+				stopped = true
+				rest += n
+				continue
+			}
+			c.store(seg, dst[start:])
+		}
+	}
+	return dst, rest, !stopped
+}
+
+// refuse is the more of EncodeUntil calls that only count.
+func refuse([]uint32) bool { return false }
+
 func (c *tokenCache) segment(dst []uint32, seg string, tok tokenizer.Tokenizer) []uint32 {
+	if ids, ok := c.lookup(seg); ok {
+		return append(dst, ids...)
+	}
+	start := len(dst)
+	dst = tok.Encode(dst, seg)
+	c.store(seg, dst[start:])
+	return dst
+}
+
+// lookup returns the cached ids of seg (shared: the caller copies them).
+func (c *tokenCache) lookup(seg string) ([]uint32, bool) {
 	key := xxhash.Sum64String(seg)
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if el, ok := c.items[key]; ok && el.Value.(*tokenCacheEntry).seg == seg {
 		c.ll.MoveToFront(el)
 		c.hits++
-		ids := el.Value.(*tokenCacheEntry).ids
-		c.mu.Unlock()
-		return append(dst, ids...)
+		return el.Value.(*tokenCacheEntry).ids, true
 	}
 	c.miss++
-	c.mu.Unlock()
-	start := len(dst)
-	dst = tok.Encode(dst, seg)
-	ids := append([]uint32(nil), dst[start:]...)
-	size := len(seg) + 4*len(ids)
+	return nil, false
+}
+
+// store caches a copy of seg's ids.
+func (c *tokenCache) store(seg string, encoded []uint32) {
+	size := len(seg) + 4*len(encoded)
 	if size > c.maxB/8 { // one segment may not evict most of the cache
-		return dst
+		return
 	}
+	key := xxhash.Sum64String(seg)
+	ids := append([]uint32(nil), encoded...)
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if el, ok := c.items[key]; ok {
 		old := el.Value.(*tokenCacheEntry)
 		c.used -= len(old.seg) + 4*len(old.ids)
 		c.ll.Remove(el)
 	}
-	c.items[key] = c.ll.PushFront(&tokenCacheEntry{key: key, seg: seg, ids: ids})
+	// A clone: seg is a substring of the whole rendered prompt, which
+	// must not stay reachable through the cache.
+	c.items[key] = c.ll.PushFront(&tokenCacheEntry{key: key, seg: strings.Clone(seg), ids: ids})
 	c.used += size
 	for c.ll.Len() > c.max || c.used > c.maxB {
 		old := c.ll.Back()
@@ -315,8 +415,6 @@ func (c *tokenCache) segment(dst []uint32, seg string, tok tokenizer.Tokenizer) 
 		delete(c.items, oe.key)
 		c.used -= len(oe.seg) + 4*len(oe.ids)
 	}
-	c.mu.Unlock()
-	return dst
 }
 
 // engineTokenizer asks a worker's tokenize endpoint in vLLM's form
