@@ -116,7 +116,7 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 			}
 		}
 		return ""
-	}, client); err != nil {
+	}, client, s.cfg.KVTokenCacheBytes); err != nil {
 		return nil, fmt.Errorf("kvTokenizer %q: %w", eff.KVTokenizer, err)
 	}
 	a, err := engines.For(engines.Kind(eff.KVEngineType))

@@ -63,6 +63,8 @@ type kvTokenizer interface {
 	// engine or the prompt was given as ids).
 	prompt(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) (string, []uint32, error)
 	name() string
+	// cacheStats reports the token cache (metrics).
+	cacheStats() cacheStats
 }
 
 // engineTokenizeTimeout bounds one /tokenize call of kvTokenizer "engine"
@@ -70,20 +72,40 @@ type kvTokenizer interface {
 // not the request.
 const engineTokenizeTimeout = 500 * time.Millisecond
 
-// engineTokenCacheBytes bounds the /tokenize answer cache of one rule.
-const engineTokenCacheBytes = 32 << 20
+// DefaultKVTokenCacheBytes bounds the token cache of one KV-exact rule
+// (the segment cache of a local tokenizer, the /tokenize answer cache of
+// kvTokenizer "engine"): keys, ids and per-entry overhead together. 64 MiB
+// holds about 10,000 distinct 1,500-token turns with their text; a run of
+// unique long prompts only cycles it.
+const DefaultKVTokenCacheBytes = 64 << 20
+
+// cacheEntryOverhead is what one cache entry costs beyond its key text and
+// ids (list element, entry struct, map slot), counted into the byte bound
+// so that many tiny entries cannot exceed it either.
+const cacheEntryOverhead = 128
+
+// cacheStats is a token cache's state for the metrics.
+type cacheStats struct {
+	bytes, entries int
+	hits, misses   uint64
+}
 
 // newKVTokenizer builds the tokenizer a rule's kvTokenizer names: "engine"
 // (ask a worker's /tokenize), or a tokenizer source for the rule's model
 // (a tokenizer.json or .gguf path, or a models directory holding the
 // model's snapshot: tokenizer.Resolve). Admission refuses anything else.
-func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, client *http.Client) (kvTokenizer, error) {
+// cacheBytes bounds the rule's token cache (DefaultKVTokenCacheBytes when
+// not positive).
+func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, client *http.Client, cacheBytes int) (kvTokenizer, error) {
+	if cacheBytes <= 0 {
+		cacheBytes = DefaultKVTokenCacheBytes
+	}
 	switch spec {
 	case "engine":
 		if tokenizePath == "" {
 			return nil, fmt.Errorf("%w: the engine has no tokenize endpoint", tokenizer.ErrNoSource)
 		}
-		return &engineTokenizer{path: tokenizePath, baseURL: engineURL, client: client, cache: newByteCache(engineTokenCacheBytes)}, nil
+		return &engineTokenizer{path: tokenizePath, baseURL: engineURL, client: client, cache: newByteCache(cacheBytes)}, nil
 	case "", "builtin":
 		return nil, fmt.Errorf("%w: KV-exact routing needs the model's tokenizer (kvTokenizer: a tokenizer.json or .gguf path, a models directory, or \"engine\")", tokenizer.ErrNoSource)
 	}
@@ -95,7 +117,7 @@ func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, c
 	if err != nil && !errors.Is(err, tokenizer.ErrNoChatTemplate) {
 		return nil, err
 	}
-	lt := &localTokenizer{tok: hf, cache: newTokenCache(4096, hf)}
+	lt := &localTokenizer{tok: hf, cache: newTokenCache(cacheBytes, hf)}
 	if jr, ok := r.(*tokenizer.JinjaRenderer); ok {
 		lt.render = jr
 	}
@@ -159,6 +181,8 @@ type localTokenizer struct {
 }
 
 func (t *localTokenizer) name() string { return t.tok.Name() }
+
+func (t *localTokenizer) cacheStats() cacheStats { return t.cache.stats() }
 
 func (t *localTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error) {
 	_, ids, err := t.prompt(ctx, dst, v, kind)
@@ -239,8 +263,8 @@ func (t *localTokenizer) text(dst []uint32, v *fastjson.Value, kind openai.Kind)
 // (added tokens are matched before the BPE runs), so encoding segment by
 // segment gives exactly the ids of encoding the whole text. Chat prompts are
 // mostly special-token-delimited messages, so a growing conversation
-// re-tokenizes only its new turn. The cache is an LRU bounded by entries and
-// by bytes (tokenCacheBytes).
+// re-tokenizes only its new turn. The cache is an LRU bounded by the bytes
+// it holds: segment text, 4 per id and cacheEntryOverhead per entry.
 type tokenCache struct {
 	// markers are the special tokens of the tokenizer at which prompts are
 	// cut: only added tokens that do not absorb the whitespace before them
@@ -248,8 +272,7 @@ type tokenCache struct {
 	// the cut is encoded.
 	markers []string
 	mu      sync.Mutex
-	max     int // entries
-	maxB    int // bytes held: segments plus 4 per id
+	maxB    int // bytes held
 	used    int
 	ll      *list.List
 	items   map[uint64]*list.Element
@@ -257,19 +280,16 @@ type tokenCache struct {
 	miss    uint64
 }
 
-// tokenCacheBytes bounds the bytes one rule's segment cache holds, so a run
-// of long unique prompts cannot hold gigabytes (4096 entries of a 16k-token
-// turn would be about 500 MB).
-const tokenCacheBytes = 64 << 20
-
 type tokenCacheEntry struct {
 	key uint64
 	seg string
 	ids []uint32
 }
 
-func newTokenCache(max int, tok tokenizer.Tokenizer) *tokenCache {
-	c := &tokenCache{max: max, maxB: tokenCacheBytes, ll: list.New(), items: map[uint64]*list.Element{}}
+func (e *tokenCacheEntry) size() int { return len(e.seg) + 4*len(e.ids) + cacheEntryOverhead }
+
+func newTokenCache(maxBytes int, tok tokenizer.Tokenizer) *tokenCache {
+	c := &tokenCache{maxB: maxBytes, ll: list.New(), items: map[uint64]*list.Element{}}
 	// A marker qualifies when the tokenizer says a prompt may be cut before
 	// it (an added token that does not absorb the whitespace before it).
 	if cutter, ok := tok.(interface{ CutsBefore(string) bool }); ok {
@@ -280,6 +300,12 @@ func newTokenCache(max int, tok tokenizer.Tokenizer) *tokenCache {
 		}
 	}
 	return c
+}
+
+func (c *tokenCache) stats() cacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return cacheStats{bytes: c.used, entries: c.ll.Len(), hits: c.hits, misses: c.miss}
 }
 
 // specialMarkers are the candidate texts at which the cache cuts a prompt:
@@ -391,29 +417,27 @@ func (c *tokenCache) lookup(seg string) ([]uint32, bool) {
 
 // store caches a copy of seg's ids.
 func (c *tokenCache) store(seg string, encoded []uint32) {
-	size := len(seg) + 4*len(encoded)
-	if size > c.maxB/8 { // one segment may not evict most of the cache
-		return
-	}
-	key := xxhash.Sum64String(seg)
-	ids := append([]uint32(nil), encoded...)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if el, ok := c.items[key]; ok {
-		old := el.Value.(*tokenCacheEntry)
-		c.used -= len(old.seg) + 4*len(old.ids)
-		c.ll.Remove(el)
-	}
 	// A clone: seg is a substring of the whole rendered prompt, which
 	// must not stay reachable through the cache.
-	c.items[key] = c.ll.PushFront(&tokenCacheEntry{key: key, seg: strings.Clone(seg), ids: ids})
-	c.used += size
-	for c.ll.Len() > c.max || c.used > c.maxB {
+	e := &tokenCacheEntry{key: xxhash.Sum64String(seg), seg: seg, ids: encoded}
+	if e.size() > c.maxB/8 { // one segment may not evict most of the cache
+		return
+	}
+	e.seg, e.ids = strings.Clone(seg), append([]uint32(nil), encoded...)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.items[e.key]; ok {
+		c.used -= el.Value.(*tokenCacheEntry).size()
+		c.ll.Remove(el)
+	}
+	c.items[e.key] = c.ll.PushFront(e)
+	c.used += e.size()
+	for c.used > c.maxB {
 		old := c.ll.Back()
 		oe := old.Value.(*tokenCacheEntry)
 		c.ll.Remove(old)
 		delete(c.items, oe.key)
-		c.used -= len(oe.seg) + 4*len(oe.ids)
+		c.used -= oe.size()
 	}
 }
 
@@ -431,6 +455,8 @@ type engineTokenizer struct {
 }
 
 func (t *engineTokenizer) name() string { return "engine" }
+
+func (t *engineTokenizer) cacheStats() cacheStats { return t.cache.stats() }
 
 func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error) {
 	var body []byte
@@ -504,14 +530,22 @@ func (t *engineTokenizer) prompt(ctx context.Context, dst []uint32, v *fastjson.
 }
 
 // byteCache is an LRU of token ids by request body, bounded by the bytes it
-// holds (bodies plus 4 bytes per id), so a few huge prompts cannot hold
-// gigabytes.
+// holds (bodies, 4 bytes per id and cacheEntryOverhead per entry), so a few
+// huge prompts cannot hold gigabytes.
 type byteCache struct {
-	mu    sync.Mutex
-	max   int
-	used  int
-	ll    *list.List
-	items map[uint64]*list.Element
+	mu     sync.Mutex
+	max    int
+	used   int
+	ll     *list.List
+	items  map[uint64]*list.Element
+	hits   uint64
+	misses uint64
+}
+
+func (c *byteCache) stats() cacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return cacheStats{bytes: c.used, entries: c.ll.Len(), hits: c.hits, misses: c.misses}
 }
 
 type byteCacheEntry struct {
@@ -524,7 +558,7 @@ func newByteCache(max int) *byteCache {
 	return &byteCache{max: max, ll: list.New(), items: map[uint64]*list.Element{}}
 }
 
-func (e *byteCacheEntry) size() int { return len(e.body) + 4*len(e.ids) }
+func (e *byteCacheEntry) size() int { return len(e.body) + 4*len(e.ids) + cacheEntryOverhead }
 
 func (c *byteCache) get(body []byte) ([]uint32, bool) {
 	key := xxhash.Sum64(body)
@@ -532,8 +566,10 @@ func (c *byteCache) get(body []byte) ([]uint32, bool) {
 	defer c.mu.Unlock()
 	el, ok := c.items[key]
 	if !ok || el.Value.(*byteCacheEntry).body != string(body) {
+		c.misses++
 		return nil, false
 	}
+	c.hits++
 	c.ll.MoveToFront(el)
 	return el.Value.(*byteCacheEntry).ids, true
 }
