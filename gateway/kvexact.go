@@ -335,7 +335,7 @@ func (kv *kvRuntime) candidates(sc *kvScratch, exclude *upstream.Endpoint) []kvC
 // opening, while the threshold costs a constant factor of it.
 func (kv *kvRuntime) matchPrefix(sc *kvScratch, lt *localTokenizer, v *fastjson.Value, kind openai.Kind) (total, prompt int, atLeast, ok bool, err error) {
 	bs := kv.blockSize
-	next, longest := 1, 0
+	next, longest, encoded := 1, 0, 0
 	more := func(ids []uint32) bool {
 		full := len(ids) / bs
 		if full < next {
@@ -348,16 +348,25 @@ func (kv *kvRuntime) matchPrefix(sc *kvScratch, lt *localTokenizer, v *fastjson.
 			longest = max(longest, m)
 		}
 		if longest < len(sc.keys) {
+			encoded = len(ids)
 			return false // block longest is held by no endpoint
 		}
 		next = max(full+1, full+full/4)
 		return true
 	}
+	// decisive: a prompt of at least lower blocks gives the decision of any
+	// longer one (see above).
+	decisive := func(lower int) bool {
+		return longest == 0 || (kvAlpha*float64(lower) > float64(longest+1) && (kv.hitShare == 0 || float64(longest) < kv.hitShare*float64(lower)))
+	}
+	// Counting the tail stops as soon as the bound is decisive: the rest
+	// of a long unique prompt is then not even pre-tokenized.
+	enough := func(rest int) bool { return decisive((encoded + rest) / bs) }
 	var (
 		rest int
 		done bool
 	)
-	sc.ids, rest, done, err = lt.tokensUntil(sc.ids[:0], v, kind, more)
+	sc.ids, rest, done, err = lt.tokensUntil(sc.ids[:0], v, kind, more, enough)
 	if err != nil {
 		return 0, 0, false, false, err
 	}
@@ -367,7 +376,7 @@ func (kv *kvRuntime) matchPrefix(sc *kvScratch, lt *localTokenizer, v *fastjson.
 		return len(sc.keys), len(sc.ids), false, true, nil
 	}
 	lower := (len(sc.ids) + rest) / bs
-	if longest > 0 && (kvAlpha*float64(lower) <= float64(longest+1) || (kv.hitShare > 0 && float64(longest) >= kv.hitShare*float64(lower))) {
+	if !decisive(lower) {
 		return 0, 0, false, false, nil
 	}
 	return lower, len(sc.ids) + rest, true, true, nil

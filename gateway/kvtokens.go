@@ -199,14 +199,14 @@ func (t *localTokenizer) prompt(_ context.Context, dst []uint32, v *fastjson.Val
 
 // tokensUntil is tokens in independent units (tokenizer.HF.EncodeUntil),
 // asking more before each whether to go on. Once more refuses, the rest of
-// the prompt is only counted: rest is a lower bound on the ids it holds,
-// and done is false. A tokenizer that cannot stop part way encodes it all.
-func (t *localTokenizer) tokensUntil(dst []uint32, v *fastjson.Value, kind openai.Kind, more func([]uint32) bool) (ids []uint32, rest int, done bool, err error) {
+// the prompt is only counted, until enough (nil: never) accepts the count:
+// rest is a lower bound on the ids it holds, and done is false. A tokenizer that cannot stop part way encodes it all.
+func (t *localTokenizer) tokensUntil(dst []uint32, v *fastjson.Value, kind openai.Kind, more func([]uint32) bool, enough func(rest int) bool) (ids []uint32, rest int, done bool, err error) {
 	text, dst, ok, err := t.text(dst, v, kind)
 	if err != nil || !ok {
 		return dst, 0, true, err
 	}
-	ids, rest, done = t.cache.encodeUntil(dst, text, t.tok, more)
+	ids, rest, done = t.cache.encodeUntil(dst, text, t.tok, more, enough)
 	return ids, rest, done, nil
 }
 
@@ -314,20 +314,21 @@ var specialMarkers = []string{"<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|
 
 // encode appends the ids of text, segment by segment.
 func (c *tokenCache) encode(dst []uint32, text string, tok tokenizer.Tokenizer) []uint32 {
-	dst, _, _ = c.encodeUntil(dst, text, tok, nil)
+	dst, _, _ = c.encodeUntil(dst, text, tok, nil, nil)
 	return dst
 }
 
 // untilEncoder is a tokenizer that can stop part way (tokenizer.HF).
 type untilEncoder interface {
-	EncodeUntil(dst []uint32, text string, more func([]uint32) bool) ([]uint32, int, bool)
+	EncodeUntilEnough(dst []uint32, text string, more func([]uint32) bool, enough func(int) bool) ([]uint32, int, bool)
 }
 
 // encodeUntil is encode asking more (nil: always go on) before each
 // segment and, inside a segment it encodes, before each of the
-// tokenizer's independent units; see localTokenizer.tokensUntil. Only
-// segments encoded whole enter the cache.
-func (c *tokenCache) encodeUntil(dst []uint32, text string, tok tokenizer.Tokenizer, more func([]uint32) bool) (ids []uint32, rest int, done bool) {
+// tokenizer's independent units; once more refuses, the rest is counted
+// until enough (nil: never) accepts the bound; see
+// localTokenizer.tokensUntil. Only segments encoded whole enter the cache.
+func (c *tokenCache) encodeUntil(dst []uint32, text string, tok tokenizer.Tokenizer, more func([]uint32) bool, enough func(int) bool) (ids []uint32, rest int, done bool) {
 	ue, canStop := tok.(untilEncoder)
 	stopped := false
 	// next[i] is where marker i occurs next in the whole text (at or after
@@ -359,30 +360,36 @@ func (c *tokenCache) encodeUntil(dst []uint32, text string, tok tokenizer.Tokeni
 		switch {
 		case more == nil || !canStop:
 			dst = c.segment(dst, seg, tok)
+			continue
 		case stopped:
-			_, n, _ := ue.EncodeUntil(nil, seg, refuse)
-			rest += n
+		case !more(dst):
+			stopped = true
 		default:
-			if !more(dst) {
-				stopped = true
-				_, n, _ := ue.EncodeUntil(nil, seg, refuse)
-				rest += n
-				continue
-			}
 			if ids, ok := c.lookup(seg); ok {
 				dst = append(dst, ids...)
 				continue
 			}
 			start := len(dst)
-			var whole bool
+			var entire bool
 			var n int
-			dst, n, whole = ue.EncodeUntil(dst, seg, more)
-			if !whole {
-				stopped = true
-				rest += n
+			dst, n, entire = ue.EncodeUntilEnough(dst, seg, more, func(r int) bool { return enough != nil && enough(r) })
+			if entire {
+				c.store(seg, dst[start:])
 				continue
 			}
-			c.store(seg, dst[start:])
+			stopped = true
+			rest += n
+			if enough != nil && enough(rest) {
+				return dst, rest, false
+			}
+			continue
+		}
+		// Stopped: count the segment.
+		base := rest
+		_, n, _ := ue.EncodeUntilEnough(nil, seg, refuse, func(r int) bool { return enough != nil && enough(base+r) })
+		rest += n
+		if enough != nil && enough(rest) {
+			return dst, rest, false
 		}
 	}
 	return dst, rest, !stopped

@@ -760,25 +760,57 @@ func (t *HF) Encode(dst []uint32, text string) []uint32 {
 // bounded bytes), and done is false. With done, ids is Encode(dst, text)
 // and rest is 0.
 func (t *HF) EncodeUntil(dst []uint32, text string, more func(ids []uint32) bool) (ids []uint32, rest int, done bool) {
-	st := encodeState{more: more}
+	return t.EncodeUntilEnough(dst, text, more, nil)
+}
+
+// EncodeUntilEnough is EncodeUntil that also stops counting once enough
+// reports that the bound reached (rest so far) is enough for the caller:
+// rest is then a lower bound that may be far below the true count, and the
+// rest of text is not even walked. A nil enough counts to the end.
+func (t *HF) EncodeUntilEnough(dst []uint32, text string, more func(ids []uint32) bool, enough func(rest int) bool) (ids []uint32, rest int, done bool) {
+	st := encodeState{more: more, enough: enough}
+	defer func() {
+		// The pre-tokenizers walk a whole segment with a callback; the
+		// only way out of one part way is this panic, raised by count
+		// and caught here alone.
+		if r := recover(); r != nil {
+			if _, ok := r.(enoughCounted); !ok {
+				panic(r)
+			}
+			ids, rest, done = st.ids, st.rest, false
+		}
+	}()
 	dst = t.encode(dst, text, &st)
 	return dst, st.rest, !st.stopped
 }
+
+// enoughCounted is the panic that ends counting once enough says so.
+type enoughCounted struct{}
 
 // encodeState carries EncodeUntil's question and what it counted once
 // stopped; the zero value encodes everything.
 type encodeState struct {
 	more    func([]uint32) bool
+	enough  func(int) bool
 	stopped bool
+	ids     []uint32 // the ids when more refused
 	rest    int
 }
 
 // next reports whether the next unit is to be encoded.
 func (st *encodeState) next(dst []uint32) bool {
 	if !st.stopped && st.more != nil && !st.more(dst) {
-		st.stopped = true
+		st.stopped, st.ids = true, dst
 	}
 	return !st.stopped
+}
+
+// count adds n to the bound on the ids not encoded.
+func (st *encodeState) count(n int) {
+	st.rest += n
+	if st.enough != nil && st.enough(st.rest) {
+		panic(enoughCounted{})
+	}
 }
 
 func (t *HF) encode(dst []uint32, text string, st *encodeState) []uint32 {
@@ -788,7 +820,7 @@ func (t *HF) encode(dst []uint32, text string, st *encodeState) []uint32 {
 			if st.next(dst) {
 				dst = append(dst, id)
 			} else {
-				st.rest++
+				st.count(1)
 			}
 		} else {
 			dst = t.encodeSegment(dst, seg, first, st)
@@ -883,7 +915,7 @@ func (t *HF) encodeSegment(dst []uint32, seg string, first bool, st *encodeState
 			return
 		}
 		if !st.next(dst) {
-			st.rest += t.unitMin(len(p))
+			st.count(t.unitMin(len(p)))
 			return
 		}
 		if t.ignoreMerges {

@@ -15,7 +15,7 @@ func (t *HF) charBPE(dst []uint32, piece string, st *encodeState) []uint32 {
 	}
 	unit := func(w string) {
 		if !st.next(dst) {
-			st.rest += t.unitMin(len(w))
+			st.count(t.unitMin(len(w)))
 			return
 		}
 		dst = t.charWord(dst, w)

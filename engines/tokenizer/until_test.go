@@ -77,6 +77,14 @@ func TestEncodeUntilIsAPrefixOfEncode(t *testing.T) {
 				if len(got)+rest > len(full) {
 					t.Fatalf("bound %d+%d exceeds the %d ids of %q", len(got), rest, len(full), text)
 				}
+				// Counting cut short once the bound reaches want: the
+				// same ids, a bound of at least want (or the whole
+				// count), never above the truth.
+				want := rng.IntN(rest + 2)
+				got2, rest2, done2 := tok.EncodeUntilEnough(slices.Clone(prefix), text, func(ids []uint32) bool { return len(ids) < stopAt }, func(r int) bool { return r >= want })
+				if !slices.Equal(got2, got) || done2 != done || rest2 > rest || (rest2 < want && rest2 != rest) {
+					t.Fatalf("EncodeUntilEnough(want %d) on %q: %d ids rest %d done %v; EncodeUntil: %d ids rest %d done %v", want, text, len(got2), rest2, done2, len(got), rest, done)
+				}
 			}
 		})
 	}
