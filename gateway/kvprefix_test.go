@@ -1,16 +1,20 @@
 package gateway
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fastjson"
 
+	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/kvhash"
+	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/engines/tokenizer"
 	"github.com/llmgw/llmgw/gateway/kvindex"
 	"github.com/llmgw/llmgw/gateway/openai"
@@ -263,4 +267,82 @@ func BenchmarkKVDecision256K(b *testing.B) {
 			_ = kv.decide(&sc, cands, len(sc.keys), len(sc.ids), false)
 		}
 	})
+}
+
+// TestKVExactLongUniquePromptStopsAtTheOpening: through the gateway, a
+// long unique user turn behind a system prompt one worker holds goes to
+// that worker as a partial match whose total is a lower bound ("T+", the
+// decision's total_blocks_at_least), the engine reports the cached tokens
+// predicted, and the whole-prompt tokenization (what the rule's tokenize
+// endpoint answers) still gives every id.
+func TestKVExactLongUniquePromptStopsAtTheOpening(t *testing.T) {
+	var sims []*sim.Sim
+	for range 2 {
+		s, err := sim.Start(t.Context(), sim.Config{Engine: engines.VLLM, Model: "m", KVEvents: "tcp://127.0.0.1:0", PrefillPerToken: time.Nanosecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		sims = append(sims, s)
+	}
+	gw := startGateway(t, "", nil)
+	mustApply(t, gw, kvRule(t, "kv", "vllm", 16, sims))
+	rt := gw.rules["kv"]
+	eventually(t, 10*time.Second, "event streams to connect", func() bool {
+		for i := range rt.kv.pool {
+			if _, conn, _ := rt.kv.ready(i); !conn {
+				return false
+			}
+		}
+		return true
+	})
+	c := newClient(t)
+	url := "http://" + gw.Addr() + "/v1/chat/completions"
+	system := kvPrompt("long prompts", 12)
+	resp, out := post(t, c, url, chatBodyFor(system, "warm"))
+	if resp.StatusCode != 200 {
+		t.Fatalf("warm: %d %s", resp.StatusCode, out)
+	}
+	warmID := resp.Header.Get("X-Llmgw-Endpoint")
+	pos := slices.IndexFunc(rt.kv.pool, func(ep *upstream.Endpoint) bool { return ep.ID == warmID })
+	eventually(t, 10*time.Second, "the warmed worker's inventory to fill", func() bool { return rt.kv.index.Blocks(pos) > 0 })
+
+	user := strings.Repeat("a unique long question about routing, ", 48<<10/38)
+	resp, out = post(t, c, url, chatBodyFor(system, user))
+	route := resp.Header.Get("X-Llmgw-Route")
+	if resp.StatusCode != 200 || resp.Header.Get("X-Llmgw-Endpoint") != warmID || !strings.HasPrefix(route, "kv-exact partial=") || !strings.HasSuffix(route, "+") {
+		t.Fatalf("long prompt: %d to %s route %q; want %s, kv-exact partial=M/T+ (%s)", resp.StatusCode, resp.Header.Get("X-Llmgw-Endpoint"), route, warmID, out)
+	}
+	ds := gw.decisions.list("kv", time.Time{})
+	last := ds[len(ds)-1]
+	if !last.TotalBlocksAtLeast || last.MatchedBlocks == nil || *last.MatchedBlocks == 0 {
+		t.Fatalf("decision %+v: want matched blocks and total_blocks_at_least", last)
+	}
+	// The engine's reuse is what the gateway predicted.
+	var cached struct {
+		Usage struct {
+			Details struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(out), &cached); err != nil {
+		t.Fatal(err)
+	}
+	if want := *last.MatchedBlocks * 16; cached.Usage.Details.Cached != want {
+		t.Errorf("engine reported %d cached tokens; the gateway predicted %d", cached.Usage.Details.Cached, want)
+	}
+	// The diagnostic still tokenizes the whole prompt.
+	var p fastjson.Parser
+	v, err := p.Parse(chatBodyFor(system, user))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ids, err := rt.kv.tok.prompt(t.Context(), nil, v, openai.Chat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids)/16 < *last.TotalBlocks || len(ids)/16 <= *last.MatchedBlocks*10 {
+		t.Errorf("whole prompt %d blocks; decision said at least %d with %d matched", len(ids)/16, *last.TotalBlocks, *last.MatchedBlocks)
+	}
 }
