@@ -104,8 +104,7 @@ func TestRoutePrefixMatchesFull(t *testing.T) {
 					body = fmt.Sprintf(`{"prompt":%q}`, system+tail())
 				}
 				var p fastjson.Parser
-				v, err := p.Parse(body)
-				if err != nil {
+				if _, err := p.Parse(body); err != nil {
 					t.Fatal(err)
 				}
 				// Index contents: each endpoint holds a random prefix of
@@ -126,7 +125,7 @@ func TestRoutePrefixMatchesFull(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					ids, err := lt.tokens(nil, nil, ov, c.kind)
+					ids, err := lt.tokens(t.Context(), nil, ov, c.kind)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -146,8 +145,11 @@ func TestRoutePrefixMatchesFull(t *testing.T) {
 
 				// The whole prompt.
 				var full kvScratch
-				v, _ = p.Parse(body)
-				full.ids, err = lt.tokens(nil, nil, v, c.kind)
+				v, err := p.Parse(body) // parsed again: p served the other prompts
+				if err != nil {
+					t.Fatal(err)
+				}
+				full.ids, err = lt.tokens(t.Context(), nil, v, c.kind)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -218,7 +220,7 @@ func BenchmarkKVDecision256K(b *testing.B) {
 	sysBody := fmt.Sprintf(`{"messages":[{"role":"system","content":%q},{"role":"user","content":"hi"}]}`, system)
 	var p fastjson.Parser
 	v, _ := p.Parse(sysBody)
-	ids, _ := lt.tokens(nil, nil, v, openai.Chat)
+	ids, _ := lt.tokens(b.Context(), nil, v, openai.Chat)
 	keys := h.BlockKeys(nil, ids)
 	for ep := range nEP {
 		kv.index.Store(ep, keys[:len(keys)-1])
@@ -261,7 +263,7 @@ func BenchmarkKVDecision256K(b *testing.B) {
 			b.StopTimer()
 			v := unique()
 			b.StartTimer()
-			sc.ids, _ = lt.tokens(nil, sc.ids[:0], v, openai.Chat)
+			sc.ids, _ = lt.tokens(b.Context(), sc.ids[:0], v, openai.Chat)
 			sc.keys = h.BlockKeys(sc.keys[:0], sc.ids)
 			kv.index.Match(sc.keys, sc.matched)
 			_ = kv.decide(&sc, cands, len(sc.keys), len(sc.ids), false)
