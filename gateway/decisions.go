@@ -23,6 +23,10 @@ type Decision struct {
 	MatchedBlocks *int  `json:"matched_blocks,omitempty"`
 	TotalBlocks   *int  `json:"total_blocks,omitempty"`
 	Hit           *bool `json:"hit,omitempty"`
+	// TotalBlocksAtLeast: TotalBlocks is a lower bound. The prompt was
+	// tokenized only up to the first block no endpoint held and the rest
+	// counted; the decision is the one its full count gives.
+	TotalBlocksAtLeast bool `json:"total_blocks_at_least,omitempty"`
 }
 
 // decisionLog keeps the most recent decisions in a fixed ring, so recording
@@ -44,6 +48,7 @@ type decisionSlot struct {
 	hit      bool
 	matched  int
 	total    int
+	atLeast  bool
 	idLen    uint8
 	id       [255]byte
 }
@@ -64,7 +69,7 @@ func (l *decisionLog) addLeg(rule, leg, endpoint, reason string, id []byte, spil
 	sl.at, sl.rule, sl.endpoint, sl.reason, sl.leg, sl.spill = now, rule, endpoint, reason, leg, spill
 	sl.kv = kv != nil
 	if kv != nil {
-		sl.matched, sl.total = kv.matchedOn(epChosen), kv.total
+		sl.matched, sl.total, sl.atLeast = kv.matchedOn(epChosen), kv.total, kv.totalAtLeast
 		sl.hit = kv.isHit(sl.matched)
 	}
 	sl.idLen = uint8(copy(sl.id[:], id))
@@ -95,6 +100,7 @@ func (l *decisionLog) list(rule string, since time.Time) []Decision {
 		if sl.kv {
 			m, tot, hit := sl.matched, sl.total, sl.hit
 			d.MatchedBlocks, d.TotalBlocks, d.Hit = &m, &tot, &hit
+			d.TotalBlocksAtLeast = sl.atLeast
 		}
 		out = append(out, d)
 	}

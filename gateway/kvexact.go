@@ -116,7 +116,7 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 			}
 		}
 		return ""
-	}, client); err != nil {
+	}, client, s.cfg.KVTokenCacheBytes); err != nil {
 		return nil, fmt.Errorf("kvTokenizer %q: %w", eff.KVTokenizer, err)
 	}
 	a, err := engines.For(engines.Kind(eff.KVEngineType))
@@ -218,17 +218,21 @@ type kvScratch struct {
 	ids     []uint32
 	keys    []uint64
 	matched []int
+	cands   []kvCand
 }
 
 // kvChoice is the outcome of KV-exact selection for one request.
 type kvChoice struct {
-	ep        *upstream.Endpoint // nil on a miss
-	pos       int
-	matched   int // blocks the chosen endpoint holds
-	total     int // full blocks of the prompt
-	prompt    int // prompt tokens
-	reason    string
-	predicted int // cached tokens the engine should report
+	ep      *upstream.Endpoint // nil on a miss
+	pos     int
+	matched int // blocks the chosen endpoint holds
+	total   int // full blocks of the prompt
+	prompt  int // prompt tokens
+	// totalAtLeast: total and prompt are lower bounds (the prompt was
+	// tokenized only as far as any endpoint could match: routePrefix).
+	totalAtLeast bool
+	reason       string
+	predicted    int // cached tokens the engine should report
 	// hit: the chosen endpoint holds at least the rule's kvHitMinShare of
 	// the prompt's blocks (and at least one). A choice below the share is
 	// "partial" (reason), one with no block "spill".
@@ -266,20 +270,9 @@ func (c *kvChoice) isHit(m int) bool {
 // "tokenize_timeout", "tokenize_engine", "tokenize_no_worker"). ctx is the
 // request's context; it bounds the engine's /tokenize.
 func (kv *kvRuntime) route(ctx context.Context, sc *kvScratch, v *fastjson.Value, kind openai.Kind, exclude *upstream.Endpoint) kvChoice {
-	var err error
 	// The match of the last request served with this scratch must not be
 	// read for this one before Match fills it.
 	sc.matched = sc.matched[:0]
-	sc.ids, err = kv.tok.tokens(ctx, sc.ids[:0], v, kind)
-	if err != nil {
-		return kvChoice{reason: missReason(err), share: kv.hitShare}
-	}
-	sc.keys = kv.hasher.BlockKeys(sc.keys[:0], sc.ids)
-	c := kvChoice{total: len(sc.keys), prompt: len(sc.ids), share: kv.hitShare}
-	if len(sc.keys) == 0 {
-		c.reason = "short"
-		return c
-	}
 	if cap(sc.matched) < len(kv.pool) {
 		sc.matched = make([]int, len(kv.pool))
 	}
@@ -289,65 +282,180 @@ func (kv *kvRuntime) route(ctx context.Context, sc *kvScratch, v *fastjson.Value
 	for _, g := range kv.ingest {
 		g.CheckRestarts()
 	}
+	if lt, ok := kv.tok.(*localTokenizer); ok {
+		total, prompt, atLeast, ok, err := kv.matchPrefix(sc, lt, v, kind)
+		if err != nil {
+			return kvChoice{reason: missReason(err), share: kv.hitShare}
+		}
+		if ok {
+			return kv.decide(sc, kv.candidates(sc, exclude), total, prompt, atLeast)
+		}
+	}
+	var err error
+	sc.ids, err = kv.tok.tokens(ctx, sc.ids[:0], v, kind)
+	if err != nil {
+		return kvChoice{reason: missReason(err), share: kv.hitShare}
+	}
+	sc.keys = kv.hasher.BlockKeys(sc.keys[:0], sc.ids)
 	kv.index.Match(sc.keys, sc.matched)
-	c.byPos, c.pool = sc.matched, kv.pool
+	return kv.decide(sc, kv.candidates(sc, exclude), len(sc.keys), len(sc.ids), false)
+}
 
-	var total int64
+// candidates is the pool as the selection law sees it now, exclude left out.
+func (kv *kvRuntime) candidates(sc *kvScratch, exclude *upstream.Endpoint) []kvCand {
+	cands := sc.cands[:0]
+	for i, ep := range kv.pool {
+		cd := kvCand{}
+		if ep != exclude && ep.Available() {
+			_, conn, inv := kv.ready(i)
+			cd = kvCand{avail: true, ready: conn && inv, q: ep.InFlight()}
+		}
+		cands = append(cands, cd)
+	}
+	sc.cands = cands
+	return cands
+}
+
+// matchPrefix is route's tokenize, hash and match for a prompt that no endpoint can hold far: the
+// prompt is tokenized and hashed only until a block that no endpoint holds
+// (every match then ends before it: a KV hit is a prefix), and the rest is
+// only counted, giving a lower bound B on its full blocks. The decision is
+// the one the whole prompt gives whenever it cannot depend on where in
+// [B, ∞) the true block count lies: with K the longest match, α·B > K+1
+// makes every in-flight difference outweigh every match difference in the
+// cost law at any count from B up (the order is in-flight, then match,
+// then Index), and K < share·B (or a zero share) makes no endpoint a hit at
+// any of them; atLeast then says total and prompt are those lower bounds.
+// Otherwise ok is false and route tokenizes the whole prompt.
+// TestRoutePrefixMatchesFull checks the equivalence on the real tokenizers.
+//
+// Blocks are hashed and matched when the ids reach a growing threshold
+// (about 1.25 times the blocks checked last): each check hashes from the
+// root, so checking at every block would cost the square of the shared
+// opening, while the threshold costs a constant factor of it.
+func (kv *kvRuntime) matchPrefix(sc *kvScratch, lt *localTokenizer, v *fastjson.Value, kind openai.Kind) (total, prompt int, atLeast, ok bool, err error) {
+	bs := kv.blockSize
+	next, longest, encoded := 1, 0, 0
+	more := func(ids []uint32) bool {
+		full := len(ids) / bs
+		if full < next {
+			return true
+		}
+		sc.keys = kv.hasher.BlockKeys(sc.keys[:0], ids)
+		kv.index.Match(sc.keys, sc.matched)
+		longest = 0
+		for _, m := range sc.matched {
+			longest = max(longest, m)
+		}
+		if longest < len(sc.keys) {
+			encoded = len(ids)
+			return false // block longest is held by no endpoint
+		}
+		next = max(full+1, full+full/4)
+		return true
+	}
+	// decisive: a prompt of at least lower blocks gives the decision of any
+	// longer one (see above).
+	decisive := func(lower int) bool {
+		return longest == 0 || (kvAlpha*float64(lower) > float64(longest+1) && (kv.hitShare == 0 || float64(longest) < kv.hitShare*float64(lower)))
+	}
+	// Counting the tail stops as soon as the bound is decisive: the rest
+	// of a long unique prompt is then not even pre-tokenized.
+	enough := func(rest int) bool { return decisive((encoded + rest) / bs) }
+	var (
+		rest int
+		done bool
+	)
+	sc.ids, rest, done, err = lt.tokensUntil(sc.ids[:0], v, kind, more, enough)
+	if err != nil {
+		return 0, 0, false, false, err
+	}
+	if done {
+		sc.keys = kv.hasher.BlockKeys(sc.keys[:0], sc.ids)
+		kv.index.Match(sc.keys, sc.matched)
+		return len(sc.keys), len(sc.ids), false, true, nil
+	}
+	lower := (len(sc.ids) + rest) / bs
+	if !decisive(lower) {
+		return 0, 0, false, false, nil
+	}
+	return lower, len(sc.ids) + rest, true, true, nil
+}
+
+// kvCand is one pool endpoint as the selection law sees it.
+type kvCand struct {
+	avail bool  // available and not excluded
+	ready bool  // events connected, inventory or canary proof
+	q     int64 // requests in flight
+}
+
+// selectKV is the selection law over cands (by pool position) for a prompt
+// of total full blocks: the chosen position, or -1 and the miss reason.
+func (kv *kvRuntime) selectKV(cands []kvCand, matched []int, total int) (int, string) {
+	var inflight int64
 	n := 0
 	anyReady, anyMatch := false, false
-	for i, ep := range kv.pool {
-		if ep == exclude || !ep.Available() {
+	for i, cd := range cands {
+		if !cd.avail {
 			continue
 		}
-		total += ep.InFlight()
+		inflight += cd.q
 		n++
-		if _, conn, inv := kv.ready(i); conn && inv {
+		if cd.ready {
 			anyReady = true
-			if sc.matched[i] > 0 {
+			if matched[i] > 0 {
 				anyMatch = true
 			}
 		}
 	}
 	switch {
 	case n == 0 || !anyReady:
-		c.reason = "not_ready"
-		return c
+		return -1, "not_ready"
 	case !anyMatch:
-		c.reason = "no_match"
-		return c
+		return -1, "no_match"
 	}
 	// ceil(c·(T+1)/N) in integer arithmetic on per-mille load factors.
 	lf := int64(kv.loadFactor*1000 + 0.5)
-	bound := (lf*(total+1) + int64(n)*1000 - 1) / (int64(n) * 1000)
-	B := float64(len(sc.keys))
+	bound := (lf*(inflight+1) + int64(n)*1000 - 1) / (int64(n) * 1000)
+	B := float64(total)
 	best := -1
 	var bestCost float64
-	for i, ep := range kv.pool {
-		if ep == exclude || !ep.Available() {
+	for i, cd := range cands {
+		if !cd.avail || !cd.ready || cd.q+1 > bound {
 			continue
 		}
-		if _, conn, inv := kv.ready(i); !conn || !inv {
-			continue
-		}
-		q := ep.InFlight()
-		if q+1 > bound {
-			continue
-		}
-		cost := (B - float64(sc.matched[i])) + kvAlpha*B*float64(q)
+		cost := (B - float64(matched[i])) + kvAlpha*B*float64(cd.q)
 		if best < 0 || cost < bestCost ||
-			(cost == bestCost && (sc.matched[i] > sc.matched[best] ||
-				(sc.matched[i] == sc.matched[best] && q < kv.pool[best].InFlight()))) {
+			(cost == bestCost && (matched[i] > matched[best] ||
+				(matched[i] == matched[best] && cd.q < cands[best].q))) {
 			best, bestCost = i, cost
 		}
 	}
 	if best < 0 {
-		c.reason = "overloaded"
+		return -1, "overloaded"
+	}
+	return best, ""
+}
+
+// decide applies the selection law to sc.matched over cands for a prompt
+// of total full blocks and prompt tokens; atLeast: both are lower bounds
+// (matchPrefix).
+func (kv *kvRuntime) decide(sc *kvScratch, cands []kvCand, total, prompt int, atLeast bool) kvChoice {
+	c := kvChoice{total: total, prompt: prompt, share: kv.hitShare, totalAtLeast: atLeast}
+	if total == 0 {
+		c.reason = "short"
+		return c
+	}
+	c.byPos, c.pool = sc.matched, kv.pool
+	best, reason := kv.selectKV(cands, sc.matched, total)
+	if best < 0 {
+		c.reason = reason
 		return c
 	}
 	c.ep, c.pos, c.matched = kv.pool[best], best, sc.matched[best]
 	maxHit := 0
-	if len(sc.ids) > 0 {
-		maxHit = (len(sc.ids) - 1) / kv.blockSize
+	if prompt > 0 {
+		maxHit = (prompt - 1) / kv.blockSize
 	}
 	c.predicted = min(c.matched, maxHit) * kv.blockSize
 	c.hit = c.isHit(c.matched)
@@ -366,10 +474,14 @@ func (c *kvChoice) routeLabel() string {
 	if c.ep == nil {
 		return "kv-exact miss=" + c.reason
 	}
-	frac := strconv.Itoa(c.matched) + "/" + strconv.Itoa(c.total)
+	tot := strconv.Itoa(c.total)
+	if c.totalAtLeast {
+		tot += "+" // at least: the prompt's tail was counted, not tokenized
+	}
+	frac := strconv.Itoa(c.matched) + "/" + tot
 	switch c.reason {
 	case "spill":
-		return "kv-exact spill hit=0/" + strconv.Itoa(c.total)
+		return "kv-exact spill hit=0/" + tot
 	case "partial":
 		return "kv-exact partial=" + frac
 	}

@@ -264,6 +264,30 @@ func TestKVExactSeedMismatchRaisesParityWarning(t *testing.T) {
 	if got := gw.metricValue(t, "llmgw_kv_parity_broken", "kv"); got != 1 {
 		t.Errorf("llmgw_kv_parity_broken = %v; want 1", got)
 	}
+	// The token cache reports what it holds. With the seeds apart no
+	// endpoint ever holds block 0, so each prompt is tokenized only to its
+	// first block and no segment is encoded whole: every lookup misses.
+	cs := rt.kv.tok.cacheStats()
+	for _, m := range []struct {
+		name  string
+		label []string
+		want  float64
+	}{
+		{"llmgw_kv_token_cache_bytes", []string{"kv"}, float64(cs.bytes)},
+		{"llmgw_kv_token_cache_entries", []string{"kv"}, float64(cs.entries)},
+		{"llmgw_kv_token_cache_lookups_total", []string{"kv", "hit"}, float64(cs.hits)},
+		{"llmgw_kv_token_cache_lookups_total", []string{"kv", "miss"}, float64(cs.misses)},
+	} {
+		if got := gw.metricValue(t, m.name, m.label...); got != m.want {
+			t.Errorf("%s%v = %v; want %v", m.name, m.label, got, m.want)
+		}
+	}
+	if cs.misses < 8 {
+		t.Errorf("token cache counted %d misses for 8 prompts", cs.misses)
+	}
+	if cs.bytes > DefaultKVTokenCacheBytes {
+		t.Errorf("token cache holds %d bytes, over its bound %d", cs.bytes, DefaultKVTokenCacheBytes)
+	}
 }
 
 func TestKVExactMode1ScoresPrefillEndpoints(t *testing.T) {

@@ -63,6 +63,8 @@ type kvTokenizer interface {
 	// engine or the prompt was given as ids).
 	prompt(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) (string, []uint32, error)
 	name() string
+	// cacheStats reports the token cache (metrics).
+	cacheStats() cacheStats
 }
 
 // engineTokenizeTimeout bounds one /tokenize call of kvTokenizer "engine"
@@ -70,20 +72,40 @@ type kvTokenizer interface {
 // not the request.
 const engineTokenizeTimeout = 500 * time.Millisecond
 
-// engineTokenCacheBytes bounds the /tokenize answer cache of one rule.
-const engineTokenCacheBytes = 32 << 20
+// DefaultKVTokenCacheBytes bounds the token cache of one KV-exact rule
+// (the segment cache of a local tokenizer, the /tokenize answer cache of
+// kvTokenizer "engine"): keys, ids and per-entry overhead together. 64 MiB
+// holds about 10,000 distinct 1,500-token turns with their text; a run of
+// unique long prompts only cycles it.
+const DefaultKVTokenCacheBytes = 64 << 20
+
+// cacheEntryOverhead is what one cache entry costs beyond its key text and
+// ids (list element, entry struct, map slot), counted into the byte bound
+// so that many tiny entries cannot exceed it either.
+const cacheEntryOverhead = 128
+
+// cacheStats is a token cache's state for the metrics.
+type cacheStats struct {
+	bytes, entries int
+	hits, misses   uint64
+}
 
 // newKVTokenizer builds the tokenizer a rule's kvTokenizer names: "engine"
 // (ask a worker's /tokenize), or a tokenizer source for the rule's model
 // (a tokenizer.json or .gguf path, or a models directory holding the
 // model's snapshot: tokenizer.Resolve). Admission refuses anything else.
-func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, client *http.Client) (kvTokenizer, error) {
+// cacheBytes bounds the rule's token cache (DefaultKVTokenCacheBytes when
+// not positive).
+func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, client *http.Client, cacheBytes int) (kvTokenizer, error) {
+	if cacheBytes <= 0 {
+		cacheBytes = DefaultKVTokenCacheBytes
+	}
 	switch spec {
 	case "engine":
 		if tokenizePath == "" {
 			return nil, fmt.Errorf("%w: the engine has no tokenize endpoint", tokenizer.ErrNoSource)
 		}
-		return &engineTokenizer{path: tokenizePath, baseURL: engineURL, client: client, cache: newByteCache(engineTokenCacheBytes)}, nil
+		return &engineTokenizer{path: tokenizePath, baseURL: engineURL, client: client, cache: newByteCache(cacheBytes)}, nil
 	case "", "builtin":
 		return nil, fmt.Errorf("%w: KV-exact routing needs the model's tokenizer (kvTokenizer: a tokenizer.json or .gguf path, a models directory, or \"engine\")", tokenizer.ErrNoSource)
 	}
@@ -95,7 +117,7 @@ func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, c
 	if err != nil && !errors.Is(err, tokenizer.ErrNoChatTemplate) {
 		return nil, err
 	}
-	lt := &localTokenizer{tok: hf, cache: newTokenCache(4096, hf)}
+	lt := &localTokenizer{tok: hf, cache: newTokenCache(cacheBytes, hf), prefixMinBytes: kvPrefixMinBytes}
 	if jr, ok := r.(*tokenizer.JinjaRenderer); ok {
 		lt.render = jr
 	}
@@ -156,9 +178,22 @@ type localTokenizer struct {
 	render *tokenizer.JinjaRenderer // nil: the model has no chat template
 	bos    []uint32
 	cache  *tokenCache
+	// prefixMinBytes: tokensUntil encodes shorter prompts whole.
+	prefixMinBytes int
 }
 
+// kvPrefixMinBytes is the prompt length from which KV-exact routing
+// tokenizes only as far as an endpoint can match. Each check of a growing
+// prefix hashes it from the root, so stopping early costs about two to
+// three times the hashing of the blocks it reaches: on a short prompt that
+// is more than the encoding it saves (Qwen3 encodes about 8 KiB in 0.5 ms;
+// a 40-block prompt's extra hashing is about 0.1 ms), on a long unique one
+// it saves nearly all of it.
+const kvPrefixMinBytes = 8 << 10
+
 func (t *localTokenizer) name() string { return t.tok.Name() }
+
+func (t *localTokenizer) cacheStats() cacheStats { return t.cache.stats() }
 
 func (t *localTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error) {
 	_, ids, err := t.prompt(ctx, dst, v, kind)
@@ -166,20 +201,47 @@ func (t *localTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.V
 }
 
 func (t *localTokenizer) prompt(_ context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) (string, []uint32, error) {
-	var text string
+	text, dst, ok, err := t.text(dst, v, kind)
+	if err != nil || !ok {
+		return "", dst, err
+	}
+	return text, t.cache.encode(dst, text, t.tok), nil
+}
+
+// tokensUntil is tokens in independent units (tokenizer.HF.EncodeUntil),
+// asking more before each whether to go on. Once more refuses, the rest of
+// the prompt is only counted, until enough (nil: never) accepts the count:
+// rest is a lower bound on the ids it holds, and done is false. A prompt
+// shorter than prefixMinBytes is encoded whole. A tokenizer that cannot stop part way encodes it all.
+func (t *localTokenizer) tokensUntil(dst []uint32, v *fastjson.Value, kind openai.Kind, more func([]uint32) bool, enough func(rest int) bool) (ids []uint32, rest int, done bool, err error) {
+	text, dst, ok, err := t.text(dst, v, kind)
+	if err != nil || !ok {
+		return dst, 0, true, err
+	}
+	if len(text) < t.prefixMinBytes {
+		return t.cache.encode(dst, text, t.tok), 0, true, nil
+	}
+	ids, rest, done = t.cache.encodeUntil(dst, text, t.tok, more, enough)
+	return ids, rest, done, nil
+}
+
+// text returns the text a request's prompt encodes (the rendered chat
+// prompt, or the completions prompt after the BOS appended to dst); ok is
+// false when the prompt was given as token ids, which are appended to dst.
+func (t *localTokenizer) text(dst []uint32, v *fastjson.Value, kind openai.Kind) (text string, out []uint32, ok bool, err error) {
 	switch kind {
 	case openai.Chat:
 		if t.render == nil {
-			return "", dst, tokenizeErr("tokenize", "tokenizer %s has no chat template", t.tok.Name())
+			return "", dst, false, tokenizeErr("tokenize", "tokenizer %s has no chat template", t.tok.Name())
 		}
 		msgs, err := messages(v)
 		if err != nil {
-			return "", dst, tokenizeErr("tokenize", "%v", err)
+			return "", dst, false, tokenizeErr("tokenize", "%v", err)
 		}
 		if text, err = t.render.RenderWith(msgs, true, templateVars(v)); err != nil {
-			return "", dst, tokenizeErr("tokenize", "chat template: %v", err)
+			return "", dst, false, tokenizeErr("tokenize", "chat template: %v", err)
 		}
-		return text, t.cache.encode(dst, text, t.tok), nil
+		return text, dst, true, nil
 	default:
 		p := v.Get("prompt")
 		switch p.Type() {
@@ -188,28 +250,27 @@ func (t *localTokenizer) prompt(_ context.Context, dst []uint32, v *fastjson.Val
 		case fastjson.TypeArray:
 			items := p.GetArray()
 			if len(items) == 0 {
-				return "", dst, tokenizeErr("tokenize", "empty prompt")
+				return "", dst, false, tokenizeErr("tokenize", "empty prompt")
 			}
 			switch items[0].Type() {
 			case fastjson.TypeNumber: // one prompt of token ids: used as given
 				for _, it := range items {
 					dst = append(dst, uint32(it.GetUint()))
 				}
-				return "", dst, nil
+				return "", dst, false, nil
 			case fastjson.TypeString:
 				text = string(items[0].GetStringBytes())
 			case fastjson.TypeArray:
 				for _, it := range items[0].GetArray() {
 					dst = append(dst, uint32(it.GetUint()))
 				}
-				return "", dst, nil
+				return "", dst, false, nil
 			}
 		default:
-			return "", dst, tokenizeErr("tokenize", "no prompt")
+			return "", dst, false, tokenizeErr("tokenize", "no prompt")
 		}
 	}
-	dst = append(dst, t.bos...)
-	return text, t.cache.encode(dst, text, t.tok), nil
+	return text, append(dst, t.bos...), true, nil
 }
 
 // tokenCache memoises tokenization by segment. Special-token text splits a
@@ -217,8 +278,8 @@ func (t *localTokenizer) prompt(_ context.Context, dst []uint32, v *fastjson.Val
 // (added tokens are matched before the BPE runs), so encoding segment by
 // segment gives exactly the ids of encoding the whole text. Chat prompts are
 // mostly special-token-delimited messages, so a growing conversation
-// re-tokenizes only its new turn. The cache is an LRU bounded by entries and
-// by bytes (tokenCacheBytes).
+// re-tokenizes only its new turn. The cache is an LRU bounded by the bytes
+// it holds: segment text, 4 per id and cacheEntryOverhead per entry.
 type tokenCache struct {
 	// markers are the special tokens of the tokenizer at which prompts are
 	// cut: only added tokens that do not absorb the whitespace before them
@@ -226,8 +287,7 @@ type tokenCache struct {
 	// the cut is encoded.
 	markers []string
 	mu      sync.Mutex
-	max     int // entries
-	maxB    int // bytes held: segments plus 4 per id
+	maxB    int // bytes held
 	used    int
 	ll      *list.List
 	items   map[uint64]*list.Element
@@ -235,19 +295,16 @@ type tokenCache struct {
 	miss    uint64
 }
 
-// tokenCacheBytes bounds the bytes one rule's segment cache holds, so a run
-// of long unique prompts cannot hold gigabytes (4096 entries of a 16k-token
-// turn would be about 500 MB).
-const tokenCacheBytes = 64 << 20
-
 type tokenCacheEntry struct {
 	key uint64
 	seg string
 	ids []uint32
 }
 
-func newTokenCache(max int, tok tokenizer.Tokenizer) *tokenCache {
-	c := &tokenCache{max: max, maxB: tokenCacheBytes, ll: list.New(), items: map[uint64]*list.Element{}}
+func (e *tokenCacheEntry) size() int { return len(e.seg) + 4*len(e.ids) + cacheEntryOverhead }
+
+func newTokenCache(maxBytes int, tok tokenizer.Tokenizer) *tokenCache {
+	c := &tokenCache{maxB: maxBytes, ll: list.New(), items: map[uint64]*list.Element{}}
 	// A marker qualifies when the tokenizer says a prompt may be cut before
 	// it (an added token that does not absorb the whitespace before it).
 	if cutter, ok := tok.(interface{ CutsBefore(string) bool }); ok {
@@ -260,63 +317,150 @@ func newTokenCache(max int, tok tokenizer.Tokenizer) *tokenCache {
 	return c
 }
 
+func (c *tokenCache) stats() cacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return cacheStats{bytes: c.used, entries: c.ll.Len(), hits: c.hits, misses: c.miss}
+}
+
 // specialMarkers are the candidate texts at which the cache cuts a prompt:
 // the turn delimiters of common chat templates.
 var specialMarkers = []string{"<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>", "<|start_header_id|>", "<|eot_id|>", "<start_of_turn>", "<end_of_turn>", "[|system|]", "[|user|]", "[|assistant|]", "[|endofturn|]"}
 
 // encode appends the ids of text, segment by segment.
 func (c *tokenCache) encode(dst []uint32, text string, tok tokenizer.Tokenizer) []uint32 {
-	for len(text) > 0 {
-		cut := len(text)
-		for _, m := range c.markers {
-			// the next marker after position 0 starts the next segment
-			if i := strings.Index(text[1:], m); i >= 0 && i+1 < cut {
-				cut = i + 1
-			}
-		}
-		seg := text[:cut]
-		text = text[cut:]
-		dst = c.segment(dst, seg, tok)
-	}
+	dst, _, _ = c.encodeUntil(dst, text, tok, nil, nil)
 	return dst
 }
 
+// untilEncoder is a tokenizer that can stop part way (tokenizer.HF).
+type untilEncoder interface {
+	EncodeUntilEnough(dst []uint32, text string, more func([]uint32) bool, enough func(int) bool) ([]uint32, int, bool)
+}
+
+// encodeUntil is encode asking more (nil: always go on) before each
+// segment and, inside a segment it encodes, before each of the
+// tokenizer's independent units; once more refuses, the rest is counted
+// until enough (nil: never) accepts the bound; see
+// localTokenizer.tokensUntil. Only segments encoded whole enter the cache.
+func (c *tokenCache) encodeUntil(dst []uint32, text string, tok tokenizer.Tokenizer, more func([]uint32) bool, enough func(int) bool) (ids []uint32, rest int, done bool) {
+	ue, canStop := tok.(untilEncoder)
+	stopped := false
+	// next[i] is where marker i occurs next in the whole text (at or after
+	// off+1; -1: nowhere), found again only once passed, so a prompt full
+	// of markers is scanned once per marker, not once per segment.
+	var nextBuf [16]int
+	next := nextBuf[:0]
+	for range c.markers {
+		next = append(next, 0)
+	}
+	whole := text
+	for off := 0; off < len(whole); {
+		cut := len(whole)
+		for i, m := range c.markers {
+			// the next marker after position off starts the next segment
+			if next[i] >= 0 && next[i] <= off {
+				if j := strings.Index(whole[off+1:], m); j >= 0 {
+					next[i] = off + 1 + j
+				} else {
+					next[i] = -1
+				}
+			}
+			if next[i] >= 0 && next[i] < cut {
+				cut = next[i]
+			}
+		}
+		seg := whole[off:cut]
+		off = cut
+		switch {
+		case more == nil || !canStop:
+			dst = c.segment(dst, seg, tok)
+			continue
+		case stopped:
+		case !more(dst):
+			stopped = true
+		default:
+			if ids, ok := c.lookup(seg); ok {
+				dst = append(dst, ids...)
+				continue
+			}
+			start := len(dst)
+			var entire bool
+			var n int
+			dst, n, entire = ue.EncodeUntilEnough(dst, seg, more, func(r int) bool { return enough != nil && enough(r) })
+			if entire {
+				c.store(seg, dst[start:])
+				continue
+			}
+			stopped = true
+			rest += n
+			if enough != nil && enough(rest) {
+				return dst, rest, false
+			}
+			continue
+		}
+		// Stopped: count the segment.
+		base := rest
+		_, n, _ := ue.EncodeUntilEnough(nil, seg, refuse, func(r int) bool { return enough != nil && enough(base+r) })
+		rest += n
+		if enough != nil && enough(rest) {
+			return dst, rest, false
+		}
+	}
+	return dst, rest, !stopped
+}
+
+// refuse is the more of EncodeUntil calls that only count.
+func refuse([]uint32) bool { return false }
+
 func (c *tokenCache) segment(dst []uint32, seg string, tok tokenizer.Tokenizer) []uint32 {
+	if ids, ok := c.lookup(seg); ok {
+		return append(dst, ids...)
+	}
+	start := len(dst)
+	dst = tok.Encode(dst, seg)
+	c.store(seg, dst[start:])
+	return dst
+}
+
+// lookup returns the cached ids of seg (shared: the caller copies them).
+func (c *tokenCache) lookup(seg string) ([]uint32, bool) {
 	key := xxhash.Sum64String(seg)
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if el, ok := c.items[key]; ok && el.Value.(*tokenCacheEntry).seg == seg {
 		c.ll.MoveToFront(el)
 		c.hits++
-		ids := el.Value.(*tokenCacheEntry).ids
-		c.mu.Unlock()
-		return append(dst, ids...)
+		return el.Value.(*tokenCacheEntry).ids, true
 	}
 	c.miss++
-	c.mu.Unlock()
-	start := len(dst)
-	dst = tok.Encode(dst, seg)
-	ids := append([]uint32(nil), dst[start:]...)
-	size := len(seg) + 4*len(ids)
-	if size > c.maxB/8 { // one segment may not evict most of the cache
-		return dst
+	return nil, false
+}
+
+// store caches a copy of seg's ids.
+func (c *tokenCache) store(seg string, encoded []uint32) {
+	// A clone: seg is a substring of the whole rendered prompt, which
+	// must not stay reachable through the cache.
+	e := &tokenCacheEntry{key: xxhash.Sum64String(seg), seg: seg, ids: encoded}
+	if e.size() > c.maxB/8 { // one segment may not evict most of the cache
+		return
 	}
+	e.seg, e.ids = strings.Clone(seg), append([]uint32(nil), encoded...)
 	c.mu.Lock()
-	if el, ok := c.items[key]; ok {
-		old := el.Value.(*tokenCacheEntry)
-		c.used -= len(old.seg) + 4*len(old.ids)
+	defer c.mu.Unlock()
+	if el, ok := c.items[e.key]; ok {
+		c.used -= el.Value.(*tokenCacheEntry).size()
 		c.ll.Remove(el)
 	}
-	c.items[key] = c.ll.PushFront(&tokenCacheEntry{key: key, seg: seg, ids: ids})
-	c.used += size
-	for c.ll.Len() > c.max || c.used > c.maxB {
+	c.items[e.key] = c.ll.PushFront(e)
+	c.used += e.size()
+	for c.used > c.maxB {
 		old := c.ll.Back()
 		oe := old.Value.(*tokenCacheEntry)
 		c.ll.Remove(old)
 		delete(c.items, oe.key)
-		c.used -= len(oe.seg) + 4*len(oe.ids)
+		c.used -= oe.size()
 	}
-	c.mu.Unlock()
-	return dst
 }
 
 // engineTokenizer asks a worker's tokenize endpoint in vLLM's form
@@ -333,6 +477,8 @@ type engineTokenizer struct {
 }
 
 func (t *engineTokenizer) name() string { return "engine" }
+
+func (t *engineTokenizer) cacheStats() cacheStats { return t.cache.stats() }
 
 func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error) {
 	var body []byte
@@ -406,14 +552,22 @@ func (t *engineTokenizer) prompt(ctx context.Context, dst []uint32, v *fastjson.
 }
 
 // byteCache is an LRU of token ids by request body, bounded by the bytes it
-// holds (bodies plus 4 bytes per id), so a few huge prompts cannot hold
-// gigabytes.
+// holds (bodies, 4 bytes per id and cacheEntryOverhead per entry), so a few
+// huge prompts cannot hold gigabytes.
 type byteCache struct {
-	mu    sync.Mutex
-	max   int
-	used  int
-	ll    *list.List
-	items map[uint64]*list.Element
+	mu     sync.Mutex
+	max    int
+	used   int
+	ll     *list.List
+	items  map[uint64]*list.Element
+	hits   uint64
+	misses uint64
+}
+
+func (c *byteCache) stats() cacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return cacheStats{bytes: c.used, entries: c.ll.Len(), hits: c.hits, misses: c.misses}
 }
 
 type byteCacheEntry struct {
@@ -426,7 +580,7 @@ func newByteCache(max int) *byteCache {
 	return &byteCache{max: max, ll: list.New(), items: map[uint64]*list.Element{}}
 }
 
-func (e *byteCacheEntry) size() int { return len(e.body) + 4*len(e.ids) }
+func (e *byteCacheEntry) size() int { return len(e.body) + 4*len(e.ids) + cacheEntryOverhead }
 
 func (c *byteCache) get(body []byte) ([]uint32, bool) {
 	key := xxhash.Sum64(body)
@@ -434,8 +588,10 @@ func (c *byteCache) get(body []byte) ([]uint32, bool) {
 	defer c.mu.Unlock()
 	el, ok := c.items[key]
 	if !ok || el.Value.(*byteCacheEntry).body != string(body) {
+		c.misses++
 		return nil, false
 	}
+	c.hits++
 	c.ll.MoveToFront(el)
 	return el.Value.(*byteCacheEntry).ids, true
 }

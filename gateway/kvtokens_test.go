@@ -35,7 +35,7 @@ func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
 	words := []string{"the", "cache", " kv", "prefix", "\n", "日本", "!!", "  ", "<|im_end|>", "x.[|", "123", "ünï"}
 	for _, tc := range toks {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newTokenCache(64, tc.tok)
+			c := newTokenCache(1<<20, tc.tok)
 			if tc.name == "qwen3" && !slices.Contains(c.markers, "<|im_start|>") {
 				t.Fatalf("markers %v lack <|im_start|>", c.markers)
 			}
@@ -76,7 +76,7 @@ func FuzzTokenCacheEqualsWhole(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, text string) {
-		c := newTokenCache(8, tok)
+		c := newTokenCache(1<<20, tok)
 		want := tok.Encode(nil, text)
 		if got := c.encode(nil, text, tok); !slices.Equal(got, want) {
 			t.Fatalf("%q: %v != %v", text, got, want)
@@ -91,15 +91,14 @@ func TestTokenCacheBoundedByBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newTokenCache(1<<20, tok)
-	c.maxB = 4096
+	c := newTokenCache(4096, tok)
 	for i := 0; i < 200; i++ {
 		text := fmt.Sprintf("<|im_start|>user\nturn %d %s<|im_end|>\n", i, strings.Repeat("word ", i%40))
 		if got, want := c.encode(nil, text, tok), tok.Encode(nil, text); !slices.Equal(got, want) {
 			t.Fatalf("turn %d: cached encoding differs", i)
 		}
-		if c.used > c.maxB {
-			t.Fatalf("turn %d: cache holds %d bytes, bound %d", i, c.used, c.maxB)
+		if st := c.stats(); st.bytes > 4096 || st.entries != c.ll.Len() {
+			t.Fatalf("turn %d: cache holds %d bytes in %d entries, bound 4096", i, st.bytes, st.entries)
 		}
 	}
 	if c.ll.Len() == 0 {
@@ -130,7 +129,7 @@ func TestKVTokenizerBOS(t *testing.T) {
 			if tc.source != "" {
 				src = testfix.Path(t, tc.source)
 			}
-			kt, err := newKVTokenizer(src, "m", "", nil, nil)
+			kt, err := newKVTokenizer(src, "m", "", nil, nil, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -243,6 +243,9 @@ var (
 	descKVResyncs         = prometheus.NewDesc("llmgw_kv_resyncs_total", "Inventory clears after a sequence gap, regression, publisher restart or AllBlocksCleared.", []string{"rule", "endpoint"}, nil)
 	descKVMalformed       = prometheus.NewDesc("llmgw_kv_malformed_batches_total", "KV event batches dropped as malformed.", []string{"rule", "endpoint"}, nil)
 	descKVMalformedEvents = prometheus.NewDesc("llmgw_kv_malformed_events_total", "Single KV events (TensorRT-LLM) rejected as malformed inside an otherwise valid drain response; the drain's other events were applied.", []string{"rule", "endpoint"}, nil)
+	descKVTokCacheBytes   = prometheus.NewDesc("llmgw_kv_token_cache_bytes", "Bytes a KV-exact rule's token cache holds (prompt segments or /tokenize bodies, 4 per token id, and per-entry overhead); bounded by llmgw serve --kv-token-cache-bytes.", []string{"rule"}, nil)
+	descKVTokCacheEntries = prometheus.NewDesc("llmgw_kv_token_cache_entries", "Entries in a KV-exact rule's token cache.", []string{"rule"}, nil)
+	descKVTokCacheLookups = prometheus.NewDesc("llmgw_kv_token_cache_lookups_total", "Token cache lookups of a KV-exact rule by result (hit, miss); the hit ratio is hit over both.", []string{"rule", "result"}, nil)
 	descKVBroken          = prometheus.NewDesc("llmgw_kv_parity_broken", "1 when the self-check sees the engine's cache reuse disagree with the gateway's hashes.", []string{"rule"}, nil)
 )
 
@@ -250,7 +253,7 @@ var (
 type kvCollector struct{ s *Server }
 
 func (c *kvCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descKVBlocks, descKVConnected, descKVEvents, descKVResyncs, descKVMalformed, descKVMalformedEvents, descKVBroken} {
+	for _, d := range []*prometheus.Desc{descKVBlocks, descKVConnected, descKVEvents, descKVResyncs, descKVMalformed, descKVMalformedEvents, descKVBroken, descKVTokCacheBytes, descKVTokCacheEntries, descKVTokCacheLookups} {
 		ch <- d
 	}
 }
@@ -271,6 +274,11 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 			broken = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descKVBroken, prometheus.GaugeValue, broken, n)
+		cs := rt.kv.tok.cacheStats()
+		ch <- prometheus.MustNewConstMetric(descKVTokCacheBytes, prometheus.GaugeValue, float64(cs.bytes), n)
+		ch <- prometheus.MustNewConstMetric(descKVTokCacheEntries, prometheus.GaugeValue, float64(cs.entries), n)
+		ch <- prometheus.MustNewConstMetric(descKVTokCacheLookups, prometheus.CounterValue, float64(cs.hits), n, "hit")
+		ch <- prometheus.MustNewConstMetric(descKVTokCacheLookups, prometheus.CounterValue, float64(cs.misses), n, "miss")
 		for i, ep := range rt.kv.pool {
 			st := rt.kv.ingest[i].State()
 			conn := 0.0

@@ -54,6 +54,10 @@ type Config struct {
 	// beyond it); default 1,048,576 (about 64 MiB per endpoint at the
 	// index's ≤ 64 bytes per block).
 	KVMaxBlocks int
+	// KVTokenCacheBytes bounds each KV-exact rule's token cache (the
+	// tokenized segments of recent prompts, or for kvTokenizer "engine"
+	// the /tokenize answers), in bytes; default DefaultKVTokenCacheBytes.
+	KVTokenCacheBytes int
 	// LogPayloads logs prompt and completion bodies at debug level. Off by
 	// default: payloads may carry personal data.
 	LogPayloads bool
@@ -143,6 +147,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.KVMaxBlocks <= 0 {
 		cfg.KVMaxBlocks = 1 << 20
+	}
+	if cfg.KVTokenCacheBytes <= 0 {
+		cfg.KVTokenCacheBytes = DefaultKVTokenCacheBytes
 	}
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout

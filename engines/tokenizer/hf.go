@@ -69,6 +69,12 @@ type HF struct {
 	renderOnce sync.Once
 	renderer   Renderer
 	renderErr  error
+
+	// EncodeUntil's lower bound (initBound): the most bytes one token
+	// covers (0: unbounded) and the least ids of a non-empty unit.
+	boundOnce  sync.Once
+	maxTokLen  int
+	minPerUnit int
 }
 
 // modelKind is the tokenization algorithm.
@@ -736,27 +742,145 @@ func (t *HF) BOS() (id uint32, add bool) {
 // (leftmost, longest match first), the text between is normalized,
 // pre-tokenized and BPE-encoded. No BOS/EOS is added.
 func (t *HF) Encode(dst []uint32, text string) []uint32 {
+	var st encodeState
+	return t.encode(dst, text, &st)
+}
+
+// EncodeUntil is Encode in independent units, asking more before each one
+// whether to go on. A unit is what the BPE merges on its own: an added
+// token, or one pre-tokenizer piece (a word, for SentencePiece models whose
+// words merge independently). No merge crosses a unit boundary, so the ids
+// of the units encoded are exactly the first ids Encode gives, whatever is
+// left unencoded. more sees every id appended so far (dst included).
+//
+// When more returns false the rest of text is not encoded, only walked:
+// rest is a lower bound on the number of ids Encode would have appended for
+// it (each added token is one id; a non-empty piece is at least one id, and
+// at least its length over the longest token's when every token covers
+// bounded bytes), and done is false. With done, ids is Encode(dst, text)
+// and rest is 0.
+func (t *HF) EncodeUntil(dst []uint32, text string, more func(ids []uint32) bool) (ids []uint32, rest int, done bool) {
+	return t.EncodeUntilEnough(dst, text, more, nil)
+}
+
+// EncodeUntilEnough is EncodeUntil that also stops counting once enough
+// reports that the bound reached (rest so far) is enough for the caller:
+// rest is then a lower bound that may be far below the true count, and the
+// rest of text is not even walked. A nil enough counts to the end.
+func (t *HF) EncodeUntilEnough(dst []uint32, text string, more func(ids []uint32) bool, enough func(rest int) bool) (ids []uint32, rest int, done bool) {
+	st := encodeState{more: more, enough: enough}
+	defer func() {
+		// The pre-tokenizers walk a whole segment with a callback; the
+		// only way out of one part way is this panic, raised by count
+		// and caught here alone.
+		if r := recover(); r != nil {
+			if _, ok := r.(enoughCounted); !ok {
+				panic(r)
+			}
+			ids, rest, done = st.ids, st.rest, false
+		}
+	}()
+	dst = t.encode(dst, text, &st)
+	return dst, st.rest, !st.stopped
+}
+
+// enoughCounted is the panic that ends counting once enough says so.
+type enoughCounted struct{}
+
+// encodeState carries EncodeUntil's question and what it counted once
+// stopped; the zero value encodes everything.
+type encodeState struct {
+	more    func([]uint32) bool
+	enough  func(int) bool
+	stopped bool
+	ids     []uint32 // the ids when more refused
+	rest    int
+}
+
+// next reports whether the next unit is to be encoded.
+func (st *encodeState) next(dst []uint32) bool {
+	if !st.stopped && st.more != nil && !st.more(dst) {
+		st.stopped, st.ids = true, dst
+	}
+	return !st.stopped
+}
+
+// count adds n to the bound on the ids not encoded.
+func (st *encodeState) count(n int) {
+	st.rest += n
+	if st.enough != nil && st.enough(st.rest) {
+		panic(enoughCounted{})
+	}
+}
+
+func (t *HF) encode(dst []uint32, text string, st *encodeState) []uint32 {
 	first := true
 	t.added.each(text, func(seg string, id uint32, isAdded bool) {
 		if isAdded {
-			dst = append(dst, id)
+			if st.next(dst) {
+				dst = append(dst, id)
+			} else {
+				st.count(1)
+			}
 		} else {
-			dst = t.encodeSegment(dst, seg, first)
+			dst = t.encodeSegment(dst, seg, first, st)
 		}
 		first = false
 	})
 	return dst
 }
 
+// unitMin is the least number of ids a non-empty unit of n bytes encodes
+// to (n in the form the model merges: raw bytes for byte-level BPE, U+2581
+// for spaces for the character kinds).
+func (t *HF) unitMin(n int) int {
+	if n == 0 {
+		return 0
+	}
+	t.boundOnce.Do(t.initBound)
+	if t.maxTokLen == 0 {
+		return t.minPerUnit
+	}
+	return max(t.minPerUnit, (n+t.maxTokLen-1)/t.maxTokLen)
+}
+
+// initBound finds how many bytes one token can cover at most. A byte-level
+// model missing some byte tokens drops those bytes (a unit may give no id
+// at all), and SentencePiece's unknown token fuses a run of unknown
+// characters of any length: then only the weaker bounds hold.
+func (t *HF) initBound() {
+	t.minPerUnit = 1
+	if t.kind == kindByteBPE && t.model.hasMissing {
+		t.minPerUnit = 0
+		return
+	}
+	if t.kind != kindByteBPE && t.hasUnk && !t.byteFallback {
+		return
+	}
+	for id, raw := range t.idToBytes {
+		if !t.idKnown[id] {
+			continue
+		}
+		n := len(raw)
+		if t.kind != kindByteBPE { // the merged form writes a space as U+2581
+			n += 2 * strings.Count(raw, " ")
+		}
+		t.maxTokLen = max(t.maxTokLen, n)
+	}
+	t.maxTokLen = max(t.maxTokLen, 4) // a byte-fallback token covers 1 byte
+}
+
 // encodeOrdinary encodes text with no added-token recognition (the library's
 // encode_special_tokens=true behaviour, which engines do not use).
 func (t *HF) encodeOrdinary(dst []uint32, seg string) []uint32 {
-	return t.encodeSegment(dst, seg, true)
+	var st encodeState
+	return t.encodeSegment(dst, seg, true, &st)
 }
 
 // encodeSegment encodes one segment between added tokens; first reports
-// that it starts the text (Metaspace's prepend_scheme "first").
-func (t *HF) encodeSegment(dst []uint32, seg string, first bool) []uint32 {
+// that it starts the text (Metaspace's prepend_scheme "first"). Each unit
+// asks st first; once st has stopped, units are only counted.
+func (t *HF) encodeSegment(dst []uint32, seg string, first bool, st *encodeState) []uint32 {
 	if seg == "" {
 		return dst
 	}
@@ -766,7 +890,7 @@ func (t *HF) encodeSegment(dst []uint32, seg string, first bool) []uint32 {
 		if t.spacePrefix {
 			seg = " " + seg
 		}
-		return t.spmEncode(dst, strings.ReplaceAll(seg, " ", "\u2581"))
+		return t.spmEncode(dst, strings.ReplaceAll(seg, " ", "\u2581"), st)
 	case kindCharBPE:
 		if t.meta.on {
 			seg = strings.ReplaceAll(seg, " ", t.meta.repl)
@@ -774,7 +898,7 @@ func (t *HF) encodeSegment(dst []uint32, seg string, first bool) []uint32 {
 				seg = t.meta.repl + seg
 			}
 		}
-		emit := func(p string) { dst = t.charBPE(dst, p) }
+		emit := func(p string) { dst = t.charBPE(dst, p, st) }
 		if t.meta.on && t.meta.split {
 			inner := emit
 			emit = func(p string) { splitBefore(p, t.meta.repl, inner) }
@@ -787,6 +911,13 @@ func (t *HF) encodeSegment(dst []uint32, seg string, first bool) []uint32 {
 		return dst
 	}
 	piece := func(p string) {
+		if p == "" {
+			return
+		}
+		if !st.next(dst) {
+			st.count(t.unitMin(len(p)))
+			return
+		}
 		if t.ignoreMerges {
 			if id, ok := t.pieceID[p]; ok {
 				dst = append(dst, id)

@@ -9,15 +9,23 @@ import (
 // each character is its vocabulary entry, or its UTF-8 bytes as <0xXX>
 // tokens (byte_fallback), or unk; then merges apply by rank as in byte-level
 // BPE.
-func (t *HF) charBPE(dst []uint32, piece string) []uint32 {
+func (t *HF) charBPE(dst []uint32, piece string, st *encodeState) []uint32 {
 	if piece == "" {
 		return dst
 	}
+	unit := func(w string) {
+		if !st.next(dst) {
+			st.count(t.unitMin(len(w)))
+			return
+		}
+		dst = t.charWord(dst, w)
+	}
 	if t.spmWords && len(piece) > heapThreshold {
-		splitWords(piece, func(w string) { dst = t.charWord(dst, w) })
+		splitWords(piece, unit)
 		return dst
 	}
-	return t.charWord(dst, piece)
+	unit(piece)
+	return dst
 }
 
 // charWord is charBPE on one piece, with no word split.
@@ -60,8 +68,8 @@ func (t *HF) charWord(dst []uint32, piece string) []uint32 {
 // a piece, ranked by the concatenation's score (spmMerges): spmEncode runs
 // the same merge loop as the tokenizer.json form. TestSPMMatchesLlamaCpp
 // checks it against a literal transcription of llama.cpp's algorithm.
-func (t *HF) spmEncode(dst []uint32, text string) []uint32 {
-	return t.charBPE(dst, text)
+func (t *HF) spmEncode(dst []uint32, text string, st *encodeState) []uint32 {
+	return t.charBPE(dst, text, st)
 }
 
 // splitWords cuts text before each U+2581 that follows another character.

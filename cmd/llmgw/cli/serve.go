@@ -29,6 +29,7 @@ type ServeOptions struct {
 	AdminTokenFile string
 	MaxBodyBytes   int
 	KVMaxBlocks    int
+	KVTokenCache   int
 	WriteTimeout   time.Duration
 	BufferBudget   int64
 	TLSCert        string
@@ -86,6 +87,7 @@ that fails admission stops the start with the reason.`,
 	f.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the bearer token required for mutating admin calls")
 	f.IntVar(&opts.MaxBodyBytes, "max-body-bytes", 8<<20, "largest accepted request body; larger bodies get 413")
 	f.IntVar(&opts.KVMaxBlocks, "kv-max-blocks", 1<<20, "KV-exact inventory cap per endpoint, in blocks (least recently stored blocks are dropped beyond it)")
+	f.IntVar(&opts.KVTokenCache, "kv-token-cache-bytes", gateway.DefaultKVTokenCacheBytes, "memory each KV-exact rule's token cache may hold (tokenized prompt segments, or /tokenize answers for kvTokenizer engine), in bytes")
 	f.DurationVar(&opts.WriteTimeout, "write-timeout", gateway.DefaultWriteTimeout, "longest a response write to a client may block; a streaming client that stops reading is cut off and its worker request cancelled after it")
 	f.Int64Var(&opts.BufferBudget, "buffer-budget-bytes", gateway.DefaultBufferBudget, "memory all buffered response bodies together may hold; beyond it answers stream through, or get 503 when they cannot")
 	f.StringVar(&opts.TLSCert, "tls-cert", "", "PEM certificate for TLS on the data plane (with --tls-key)")
@@ -128,6 +130,9 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	if opts.BufferBudget <= 0 {
 		return usageErrorf("--buffer-budget-bytes must be positive, got %d", opts.BufferBudget)
+	}
+	if opts.KVTokenCache <= 0 {
+		return usageErrorf("--kv-token-cache-bytes must be positive, got %d", opts.KVTokenCache)
 	}
 	if opts.KVMaxBlocks <= 0 {
 		return usageErrorf("--kv-max-blocks must be positive, got %d", opts.KVMaxBlocks)
@@ -184,7 +189,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	gcfg := gateway.Config{
 		Listen: opts.Listen, Admin: opts.Admin, AdminToken: token, StateDir: opts.StateDir,
-		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, WriteTimeout: opts.WriteTimeout, BufferBudget: opts.BufferBudget, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
+		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, KVTokenCacheBytes: opts.KVTokenCache, WriteTimeout: opts.WriteTimeout, BufferBudget: opts.BufferBudget, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
 		LogPayloads: opts.LogPayloads, Pprof: opts.Pprof, Logger: log,
 	}
 	if src != nil {
