@@ -20,6 +20,7 @@ import (
 	"github.com/llmgw/llmgw/gateway/openai"
 	"github.com/llmgw/llmgw/gateway/upstream"
 	"github.com/llmgw/llmgw/internal/testfix"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // prefixWords build the random prompts of TestRoutePrefixMatchesFull: words,
@@ -290,7 +291,7 @@ func TestKVExactLongUniquePromptStopsAtTheOpening(t *testing.T) {
 	gw := startGateway(t, "", nil)
 	mustApply(t, gw, kvRule(t, "kv", "vllm", 16, sims))
 	rt := gw.rules["kv"]
-	eventually(t, 10*time.Second, "event streams to connect", func() bool {
+	wait.For(t, 10*time.Second, "event streams to connect", func() bool {
 		for i := range rt.kv.pool {
 			if _, conn, _ := rt.kv.ready(i); !conn {
 				return false
@@ -307,7 +308,7 @@ func TestKVExactLongUniquePromptStopsAtTheOpening(t *testing.T) {
 	}
 	warmID := resp.Header.Get("X-Llmgw-Endpoint")
 	pos := slices.IndexFunc(rt.kv.pool, func(ep *upstream.Endpoint) bool { return ep.ID == warmID })
-	eventually(t, 10*time.Second, "the warmed worker's inventory to fill", func() bool { return rt.kv.index.Blocks(pos) > 0 })
+	wait.For(t, 10*time.Second, "the warmed worker's inventory to fill", func() bool { return rt.kv.index.Blocks(pos) > 0 })
 
 	user := strings.Repeat("a unique long question about routing, ", 48<<10/38)
 	resp, out = post(t, c, url, chatBodyFor(system, user))
