@@ -1,6 +1,7 @@
 package engines
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -407,4 +408,36 @@ type Rendezvous struct {
 	Host string `json:"host"`
 	Port int64  `json:"port"`
 	Room uint64 `json:"room"`
+}
+
+// ClassifyStatus is the classification of an engine whose error answers
+// say whose fault they are by their status alone (vLLM and TensorRT-LLM
+// behind FastAPI/uvicorn): 4xx and 501 Not Implemented are the client's,
+// 503 is overload, other 5xx the engine's.
+func ClassifyStatus(status int) Fault {
+	switch {
+	case status < 400:
+		return FaultNone
+	case status < 500, status == 501:
+		return FaultClient
+	case status == 503:
+		return FaultOverloaded
+	}
+	return FaultEngine
+}
+
+// VersionField reads {"version": "..."} (the version endpoints of vLLM,
+// SGLang's server info and TensorRT-LLM); who names the engine and surface
+// in errors. A body without a version is an error wrapping ErrNoVersion.
+func VersionField(body []byte, who string) (string, error) {
+	var v struct {
+		Version string `json:"version"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return "", fmt.Errorf("%s: %w", who, err)
+	}
+	if v.Version == "" {
+		return "", fmt.Errorf("%w: %s has no \"version\"", ErrNoVersion, who)
+	}
+	return v.Version, nil
 }

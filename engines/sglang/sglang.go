@@ -8,8 +8,6 @@
 package sglang
 
 import (
-	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
@@ -71,16 +69,7 @@ func (*Adapter) Surfaces() engines.Surfaces {
 // ParseVersion reads /get_server_info's "version" (sglang.version's
 // __version__).
 func (*Adapter) ParseVersion(body []byte) (string, error) {
-	var v struct {
-		Version string `json:"version"`
-	}
-	if err := json.Unmarshal(body, &v); err != nil {
-		return "", fmt.Errorf("sglang: server info: %w", err)
-	}
-	if v.Version == "" {
-		return "", fmt.Errorf("%w: sglang server info has no \"version\"", engines.ErrNoVersion)
-	}
-	return v.Version, nil
+	return engines.VersionField(body, "sglang server info")
 }
 
 // Metrics: the tokenizer's counters and the scheduler's gauges

@@ -9,8 +9,6 @@
 package trtllm
 
 import (
-	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
@@ -41,15 +39,7 @@ func (*Adapter) Conn() engines.ConnPolicy {
 // "LLM is unavailable". Other 5xx are engine faults; a CppExecutorError
 // makes the server signal itself to stop (openai_server.py at 00057725).
 func (*Adapter) Classify(status int, _ []byte) engines.Fault {
-	switch {
-	case status < 400:
-		return engines.FaultNone
-	case status < 500, status == 501:
-		return engines.FaultClient
-	case status == 503:
-		return engines.FaultOverloaded
-	}
-	return engines.FaultEngine
+	return engines.ClassifyStatus(status)
 }
 
 // Surfaces: GET /health (200 empty), GET /version, GET /v1/models and the
@@ -69,16 +59,7 @@ func (*Adapter) Surfaces() engines.Surfaces {
 
 // ParseVersion reads GET /version: {"version": tensorrt_llm.__version__}.
 func (*Adapter) ParseVersion(body []byte) (string, error) {
-	var v struct {
-		Version string `json:"version"`
-	}
-	if err := json.Unmarshal(body, &v); err != nil {
-		return "", fmt.Errorf("trtllm: /version: %w", err)
-	}
-	if v.Version == "" {
-		return "", fmt.Errorf("%w: trtllm /version has no \"version\"", engines.ErrNoVersion)
-	}
-	return v.Version, nil
+	return engines.VersionField(body, "trtllm /version")
 }
 
 // Metrics: MetricsCollector's series (prefix trtllm_,

@@ -8,8 +8,6 @@
 package vllm
 
 import (
-	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
@@ -46,15 +44,7 @@ func (*Adapter) Conn() engines.ConnPolicy {
 // 500); /health answers 503 when the engine is dead (exception_handling/
 // error_response.py at 055e47c2, launcher.py at 02828a12).
 func (*Adapter) Classify(status int, _ []byte) engines.Fault {
-	switch {
-	case status < 400:
-		return engines.FaultNone
-	case status < 500, status == 501:
-		return engines.FaultClient
-	case status == 503:
-		return engines.FaultOverloaded
-	}
-	return engines.FaultEngine
+	return engines.ClassifyStatus(status)
 }
 
 // Surfaces: GET /health (200, empty body), GET /version, POST /tokenize,
@@ -72,20 +62,7 @@ func (*Adapter) Surfaces() engines.Surfaces {
 
 // ParseVersion reads GET /version: {"version": VLLM_VERSION}.
 func (*Adapter) ParseVersion(body []byte) (string, error) {
-	return versionField(body, "vllm")
-}
-
-func versionField(body []byte, who string) (string, error) {
-	var v struct {
-		Version string `json:"version"`
-	}
-	if err := json.Unmarshal(body, &v); err != nil {
-		return "", fmt.Errorf("%s: version: %w", who, err)
-	}
-	if v.Version == "" {
-		return "", fmt.Errorf("%w: %s answer has no \"version\"", engines.ErrNoVersion, who)
-	}
-	return v.Version, nil
+	return engines.VersionField(body, "vllm /version")
 }
 
 // Metrics: vLLM v1's PrometheusStatLogger series (vllm/v1/metrics/loggers.py;
