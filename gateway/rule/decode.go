@@ -13,6 +13,8 @@ import (
 
 	yamlv2 "go.yaml.in/yaml/v2"
 	"sigs.k8s.io/yaml"
+
+	closest "github.com/llmgw/llmgw/internal/suggest"
 )
 
 // MaxRuleBytes bounds one rule body accepted by Decode.
@@ -485,50 +487,14 @@ func unknownFieldMessage(t reflect.Type, key string, fields map[string]reflect.T
 	return msg
 }
 
-// suggest returns the field name key was most likely meant to be: one that
-// differs only in case, '_' or '-', or else the closest within a small edit
-// distance. It returns "" when nothing is close.
+// suggest returns the field name key was most likely meant to be
+// (internal/suggest), or "" when nothing is close.
 func suggest(key string, fields map[string]reflect.Type) string {
-	norm := func(s string) string {
-		return strings.ToLower(strings.NewReplacer("_", "", "-", "").Replace(s))
-	}
-	nk := norm(key)
-	best, bestDist := "", -1
+	names := make([]string, 0, len(fields))
 	for name := range fields {
-		nn := norm(name)
-		if nn == nk {
-			return name
-		}
-		limit := max(1, min(len(nk), len(nn))/3)
-		if d := editDistance(nk, nn); d <= limit && (bestDist < 0 || d < bestDist || (d == bestDist && name < best)) {
-			best, bestDist = name, d
-		}
+		names = append(names, name)
 	}
-	return best
-}
-
-// editDistance is the Levenshtein distance between a and b, in bytes.
-func editDistance(a, b string) int {
-	if len(a) > 64 || len(b) > 64 {
-		return 1 << 30 // names are short; do not spend time on hostile keys
-	}
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	return closest.Closest(key, names)
 }
 
 func expected(t reflect.Type) string {

@@ -11,6 +11,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/llmgw/llmgw/internal/suggest"
 )
 
 // Main runs llmgw with args and returns the process exit code.
@@ -134,47 +136,18 @@ func checkConfigKeys(cmd *cobra.Command, path string) error {
 		return nil
 	}
 	sort.Strings(unknown)
+	var flagNames []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) { flagNames = append(flagNames, f.Name) })
 	var hint []string
 	for _, k := range unknown {
-		if s := cmd.SuggestionsFor(k); len(s) > 0 {
-			hint = append(hint, fmt.Sprintf("%s (did you mean %s?)", k, strings.Join(s, ", ")))
-			continue
-		}
-		var near []string
-		cmd.Flags().VisitAll(func(f *pflag.Flag) {
-			if levenshtein(k, f.Name) <= 2 {
-				near = append(near, f.Name)
-			}
-		})
-		if len(near) > 0 {
-			hint = append(hint, fmt.Sprintf("%s (did you mean %s?)", k, strings.Join(near, ", ")))
+		if near := suggest.Closest(k, flagNames); near != "" {
+			hint = append(hint, fmt.Sprintf("%s (did you mean %s?)", k, near))
 		} else {
 			hint = append(hint, k)
 		}
 	}
 	return &UsageError{Err: fmt.Errorf("config file %s: unknown key(s) for '%s': %s; keys are the command's flag names (%s --help)",
 		path, cmd.CommandPath(), strings.Join(hint, "; "), cmd.CommandPath())}
-}
-
-// levenshtein is the edit distance between two short flag names.
-func levenshtein(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // usageErrorf returns a UsageError: the command was called wrongly and nothing
