@@ -101,22 +101,9 @@ func (s *state) deliver(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	// Negative requests: each must be refused by the gateway itself and
 	// reach no worker. Every positive request's evidence was awaited above,
 	// so a rise now is the negatives'.
-	before, err := s.wit.Snapshot(ctx)
-	if err != nil {
-		return labkit.WithEvidence(labkit.FailErr(ctx, "EVIDENCE_READ_FAILED", err), out)
-	}
-	negRIDs, out, ok := labkit.SendNegatives(ctx, s.client, s.gatewayURL(), r.ID, labkit.Negatives(s.chat(), r.ID, s.spec.Model), out)
+	out, ok := labkit.NegativesLeaveNoWork(ctx, s.client, s.wit, s.gatewayURL(), r.ID, s.chat(), s.spec.Model, out)
 	if !ok {
 		return out
-	}
-	after, err := s.wit.Snapshot(ctx)
-	if err != nil {
-		return labkit.WithEvidence(labkit.FailErr(ctx, "EVIDENCE_READ_FAILED", err), out)
-	}
-	for _, rid := range negRIDs {
-		if h := s.wit.Servers(before, after, rid); len(h) > 0 {
-			return labkit.WithEvidence(runbook.Fail("NEGATIVE_LEFT_RECEIPT", "negative request %s was refused but the evidence (%s) shows work on %v", rid, s.wit.Source(), h), out)
-		}
 	}
 	checked, o, ok := s.checkDecisions(ctx, rts, out)
 	if !ok {

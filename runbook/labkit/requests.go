@@ -107,3 +107,30 @@ func Deliver(ctx context.Context, c *http.Client, url, rid string, body []byte, 
 	}
 	return ex, out, true
 }
+
+// NegativesLeaveNoWork sends the run's negative requests (an unknown model,
+// a malformed body) through the gateway at url and proves from w's evidence
+// that none reached a worker: every positive request's evidence must have
+// been awaited before, so that a rise between the two snapshots is the
+// negatives'. It returns out with the exchanges, or the failing outcome and
+// false.
+func NegativesLeaveNoWork(ctx context.Context, c *http.Client, w *Witnesses, url, runID string, chat bool, model string, out runbook.Outcome) (runbook.Outcome, bool) {
+	before, err := w.Snapshot(ctx)
+	if err != nil {
+		return WithEvidence(FailErr(ctx, "EVIDENCE_READ_FAILED", err), out), false
+	}
+	negRIDs, out, ok := SendNegatives(ctx, c, url, runID, Negatives(chat, runID, model), out)
+	if !ok {
+		return out, false
+	}
+	after, err := w.Snapshot(ctx)
+	if err != nil {
+		return WithEvidence(FailErr(ctx, "EVIDENCE_READ_FAILED", err), out), false
+	}
+	for _, rid := range negRIDs {
+		if h := w.Servers(before, after, rid); len(h) > 0 {
+			return WithEvidence(runbook.Fail("NEGATIVE_LEFT_RECEIPT", "negative request %s was refused but the evidence (%s) shows work on %v", rid, w.Source(), h), out), false
+		}
+	}
+	return out, true
+}
