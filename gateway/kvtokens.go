@@ -105,7 +105,7 @@ func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, c
 		if tokenizePath == "" {
 			return nil, fmt.Errorf("%w: the engine has no tokenize endpoint", tokenizer.ErrNoSource)
 		}
-		return &engineTokenizer{path: tokenizePath, baseURL: engineURL, client: client, cache: newByteCache(cacheBytes)}, nil
+		return &engineTokenizer{path: tokenizePath, baseURL: engineURL, client: client, cache: newEngineCache(cacheBytes)}, nil
 	case "", "builtin":
 		return nil, fmt.Errorf("%w: KV-exact routing needs the model's tokenizer (kvTokenizer: a tokenizer.json or .gguf path, a models directory, or \"engine\")", tokenizer.ErrNoSource)
 	}
@@ -286,25 +286,12 @@ type tokenCache struct {
 	// qualify, since cutting anywhere else could change how the text around
 	// the cut is encoded.
 	markers []string
-	mu      sync.Mutex
-	maxB    int // bytes held
-	used    int
-	ll      *list.List
-	items   map[uint64]*list.Element
-	hits    uint64
-	miss    uint64
+	*idCache
 }
-
-type tokenCacheEntry struct {
-	key uint64
-	seg string
-	ids []uint32
-}
-
-func (e *tokenCacheEntry) size() int { return len(e.seg) + 4*len(e.ids) + cacheEntryOverhead }
 
 func newTokenCache(maxBytes int, tok tokenizer.Tokenizer) *tokenCache {
-	c := &tokenCache{maxB: maxBytes, ll: list.New(), items: map[uint64]*list.Element{}}
+	// One segment may not evict most of the cache: at most an eighth.
+	c := &tokenCache{idCache: newIDCache(maxBytes, 8)}
 	// A marker qualifies when the tokenizer says a prompt may be cut before
 	// it (an added token that does not absorb the whitespace before it).
 	if cutter, ok := tok.(interface{ CutsBefore(string) bool }); ok {
@@ -315,12 +302,6 @@ func newTokenCache(maxBytes int, tok tokenizer.Tokenizer) *tokenCache {
 		}
 	}
 	return c
-}
-
-func (c *tokenCache) stats() cacheStats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return cacheStats{bytes: c.used, entries: c.ll.Len(), hits: c.hits, misses: c.miss}
 }
 
 // specialMarkers are the candidate texts at which the cache cuts a prompt:
@@ -423,44 +404,13 @@ func (c *tokenCache) segment(dst []uint32, seg string, tok tokenizer.Tokenizer) 
 	return dst
 }
 
-// lookup returns the cached ids of seg (shared: the caller copies them).
-func (c *tokenCache) lookup(seg string) ([]uint32, bool) {
-	key := xxhash.Sum64String(seg)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if el, ok := c.items[key]; ok && el.Value.(*tokenCacheEntry).seg == seg {
-		c.ll.MoveToFront(el)
-		c.hits++
-		return el.Value.(*tokenCacheEntry).ids, true
-	}
-	c.miss++
-	return nil, false
-}
-
-// store caches a copy of seg's ids.
+// store caches a copy of seg's ids. A clone: seg is a substring of the
+// whole rendered prompt, which must not stay reachable through the cache.
 func (c *tokenCache) store(seg string, encoded []uint32) {
-	// A clone: seg is a substring of the whole rendered prompt, which
-	// must not stay reachable through the cache.
-	e := &tokenCacheEntry{key: xxhash.Sum64String(seg), seg: seg, ids: encoded}
-	if e.size() > c.maxB/8 { // one segment may not evict most of the cache
+	if !c.fits(seg, encoded) {
 		return
 	}
-	e.seg, e.ids = strings.Clone(seg), append([]uint32(nil), encoded...)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if el, ok := c.items[e.key]; ok {
-		c.used -= el.Value.(*tokenCacheEntry).size()
-		c.ll.Remove(el)
-	}
-	c.items[e.key] = c.ll.PushFront(e)
-	c.used += e.size()
-	for c.used > c.maxB {
-		old := c.ll.Back()
-		oe := old.Value.(*tokenCacheEntry)
-		c.ll.Remove(old)
-		delete(c.items, oe.key)
-		c.used -= oe.size()
-	}
+	c.put(strings.Clone(seg), append([]uint32(nil), encoded...))
 }
 
 // engineTokenizer asks a worker's tokenize endpoint in vLLM's form
@@ -473,7 +423,7 @@ type engineTokenizer struct {
 	path    string        // the engine's tokenize endpoint (adapter)
 	baseURL func() string // an available worker's base URL, "" if none
 	client  *http.Client
-	cache   *byteCache
+	cache   *idCache
 }
 
 func (t *engineTokenizer) name() string { return "engine" }
@@ -495,7 +445,7 @@ func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.
 	default:
 		body = fmt.Appendf(nil, `{"model":%s,"prompt":%s}`, v.Get("model"), v.Get("prompt"))
 	}
-	if ids, ok := t.cache.get(body); ok {
+	if ids, ok := t.cache.lookupBytes(body); ok {
 		return append(dst, ids...), nil
 	}
 	base := t.baseURL()
@@ -542,7 +492,7 @@ func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.
 		// tokens to a body without "content").
 		return dst, tokenizeErr("tokenize_engine", "/tokenize answered no tokens")
 	}
-	t.cache.put(body, out.Tokens)
+	t.cache.put(string(body), out.Tokens)
 	return append(dst, out.Tokens...), nil
 }
 
@@ -551,12 +501,14 @@ func (t *engineTokenizer) prompt(ctx context.Context, dst []uint32, v *fastjson.
 	return "", ids, err
 }
 
-// byteCache is an LRU of token ids by request body, bounded by the bytes it
-// holds (bodies, 4 bytes per id and cacheEntryOverhead per entry), so a few
-// huge prompts cannot hold gigabytes.
-type byteCache struct {
+// idCache is an LRU of token ids by the text they encode (a prompt
+// segment, an engine /tokenize request body), bounded by the bytes it holds
+// (texts, 4 bytes per id and cacheEntryOverhead per entry), so a few huge
+// prompts cannot hold gigabytes. Safe for concurrent use.
+type idCache struct {
 	mu     sync.Mutex
 	max    int
+	share  int // one entry may take at most max/share bytes
 	used   int
 	ll     *list.List
 	items  map[uint64]*list.Element
@@ -564,54 +516,75 @@ type byteCache struct {
 	misses uint64
 }
 
-func (c *byteCache) stats() cacheStats {
+type idCacheEntry struct {
+	key  uint64
+	text string
+	ids  []uint32
+}
+
+// newEngineCache caches an engine's /tokenize answers by request body; one
+// answer may take at most a quarter of it.
+func newEngineCache(max int) *idCache { return newIDCache(max, 4) }
+
+func (e *idCacheEntry) size() int { return entrySize(e.text, e.ids) }
+
+func entrySize(text string, ids []uint32) int { return len(text) + 4*len(ids) + cacheEntryOverhead }
+
+func newIDCache(max, share int) *idCache {
+	return &idCache{max: max, share: share, ll: list.New(), items: map[uint64]*list.Element{}}
+}
+
+func (c *idCache) stats() cacheStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return cacheStats{bytes: c.used, entries: c.ll.Len(), hits: c.hits, misses: c.misses}
 }
 
-type byteCacheEntry struct {
-	key  uint64
-	body string
-	ids  []uint32
+// lookup returns the cached ids of text (shared: the caller copies them).
+func (c *idCache) lookup(text string) ([]uint32, bool) {
+	return c.find(xxhash.Sum64String(text), func(e *idCacheEntry) bool { return e.text == text })
 }
 
-func newByteCache(max int) *byteCache {
-	return &byteCache{max: max, ll: list.New(), items: map[uint64]*list.Element{}}
+// lookupBytes is lookup for a text held as bytes, without copying it.
+func (c *idCache) lookupBytes(b []byte) ([]uint32, bool) {
+	return c.find(xxhash.Sum64(b), func(e *idCacheEntry) bool { return e.text == string(b) })
 }
 
-func (e *byteCacheEntry) size() int { return len(e.body) + 4*len(e.ids) + cacheEntryOverhead }
-
-func (c *byteCache) get(body []byte) ([]uint32, bool) {
-	key := xxhash.Sum64(body)
+func (c *idCache) find(key uint64, same func(*idCacheEntry) bool) ([]uint32, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	el, ok := c.items[key]
-	if !ok || el.Value.(*byteCacheEntry).body != string(body) {
-		c.misses++
-		return nil, false
+	if el, ok := c.items[key]; ok && same(el.Value.(*idCacheEntry)) {
+		c.ll.MoveToFront(el)
+		c.hits++
+		return el.Value.(*idCacheEntry).ids, true
 	}
-	c.hits++
-	c.ll.MoveToFront(el)
-	return el.Value.(*byteCacheEntry).ids, true
+	c.misses++
+	return nil, false
 }
 
-func (c *byteCache) put(body []byte, ids []uint32) {
-	e := &byteCacheEntry{key: xxhash.Sum64(body), body: string(body), ids: ids}
-	if e.size() > c.max/4 { // one answer may not evict most of the cache
+// fits reports whether an entry for text and ids may be cached at all.
+func (c *idCache) fits(text string, ids []uint32) bool {
+	return entrySize(text, ids) <= c.max/c.share
+}
+
+// put caches ids for text as given (the caller hands over both), evicting
+// the least recently used entries beyond the byte bound.
+func (c *idCache) put(text string, ids []uint32) {
+	if !c.fits(text, ids) {
 		return
 	}
+	e := &idCacheEntry{key: xxhash.Sum64String(text), text: text, ids: ids}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.items[e.key]; ok {
-		c.used -= old.Value.(*byteCacheEntry).size()
+		c.used -= old.Value.(*idCacheEntry).size()
 		c.ll.Remove(old)
 	}
 	c.items[e.key] = c.ll.PushFront(e)
 	c.used += e.size()
 	for c.used > c.max {
 		old := c.ll.Back()
-		oe := old.Value.(*byteCacheEntry)
+		oe := old.Value.(*idCacheEntry)
 		c.ll.Remove(old)
 		delete(c.items, oe.key)
 		c.used -= oe.size()

@@ -63,7 +63,7 @@ func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
 			if c.hits == 0 {
 				t.Errorf("a growing conversation never hit the cache")
 			}
-			t.Logf("%s: %d hits, %d misses", tc.name, c.hits, c.miss)
+			t.Logf("%s: %d hits, %d misses", tc.name, c.hits, c.misses)
 		})
 	}
 }
