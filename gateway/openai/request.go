@@ -239,6 +239,45 @@ func (h *keyHasher) write(b []byte) {
 	h.wrote = true
 }
 
+// writeContent hashes a message's content into h and counts its bytes into
+// out.PromptBytes: a string, or an array of parts whose "text" counts
+// (input_image and file parts carry none); null (an assistant tool-call
+// turn) and absence count nothing. list and i name the message in errors
+// ("messages[3]", "input[0]").
+func writeContent(h *keyHasher, out *Request, cv *fastjson.Value, list string, i int) error {
+	if cv == nil {
+		return nil
+	}
+	switch cv.Type() {
+	case fastjson.TypeString:
+		c, _ := cv.StringBytes()
+		h.write(c)
+		out.PromptBytes += len(c)
+	case fastjson.TypeArray:
+		parts, _ := cv.Array()
+		for j, part := range parts {
+			if part.Type() != fastjson.TypeObject {
+				return fmt.Errorf("%w: %s[%d].content[%d] must be an object, not %s", ErrInvalid, list, i, j, part.Type())
+			}
+			if d := dupField(part, partFields[:]); d != "" {
+				return dupError(fmt.Sprintf("%s[%d].content[%d].%s", list, i, j, d))
+			}
+			if tv := part.Get("text"); tv != nil {
+				if tv.Type() != fastjson.TypeString {
+					return fmt.Errorf("%w: %s[%d].content[%d].text must be a string", ErrInvalid, list, i, j)
+				}
+				c, _ := tv.StringBytes()
+				h.write(c)
+				out.PromptBytes += len(c)
+			}
+		}
+	case fastjson.TypeNull:
+	default:
+		return fmt.Errorf("%w: %s[%d].content must be a string or an array of parts, not %s", ErrInvalid, list, i, cv.Type())
+	}
+	return nil
+}
+
 func (h *keyHasher) sep() {
 	if h.left > 0 {
 		_, _ = h.d.WriteString("\x00")
@@ -270,36 +309,8 @@ func parseMessages(mv *fastjson.Value, h *keyHasher, out *Request) error {
 		role, _ := rv.StringBytes()
 		h.write(role)
 		h.sep()
-		cv := m.Get("content")
-		if cv != nil {
-			switch cv.Type() {
-			case fastjson.TypeString:
-				c, _ := cv.StringBytes()
-				h.write(c)
-				out.PromptBytes += len(c)
-			case fastjson.TypeArray:
-				parts, _ := cv.Array()
-				for j, part := range parts {
-					if part.Type() != fastjson.TypeObject {
-						return fmt.Errorf("%w: messages[%d].content[%d] must be an object", ErrInvalid, i, j)
-					}
-					if d := dupField(part, partFields[:]); d != "" {
-						return dupError(fmt.Sprintf("messages[%d].content[%d].%s", i, j, d))
-					}
-					if tv := part.Get("text"); tv != nil {
-						if tv.Type() != fastjson.TypeString {
-							return fmt.Errorf("%w: messages[%d].content[%d].text must be a string", ErrInvalid, i, j)
-						}
-						c, _ := tv.StringBytes()
-						h.write(c)
-						out.PromptBytes += len(c)
-					}
-				}
-			case fastjson.TypeNull:
-				// assistant tool-call turns carry content: null
-			default:
-				return fmt.Errorf("%w: messages[%d].content must be a string or an array of parts, not %s", ErrInvalid, i, cv.Type())
-			}
+		if err := writeContent(h, out, m.Get("content"), "messages", i); err != nil {
+			return err
 		}
 		h.sep()
 	}

@@ -63,36 +63,8 @@ func parseResponsesInput(v *fastjson.Value, h *keyHasher, out *Request) error {
 		role, _ := rv.StringBytes()
 		h.write(role)
 		h.sep()
-		if cv := it.Get("content"); cv != nil {
-			switch cv.Type() {
-			case fastjson.TypeString:
-				c, _ := cv.StringBytes()
-				h.write(c)
-				out.PromptBytes += len(c)
-			case fastjson.TypeArray:
-				parts, _ := cv.Array()
-				for j, part := range parts {
-					if part.Type() != fastjson.TypeObject {
-						return fmt.Errorf("%w: input[%d].content[%d] must be an object, not %s", ErrInvalid, i, j, part.Type())
-					}
-					if d := dupField(part, partFields[:]); d != "" {
-						return dupError(fmt.Sprintf("input[%d].content[%d].%s", i, j, d))
-					}
-					// input_text and output_text parts carry "text";
-					// input_image and input_file parts do not.
-					if tv := part.Get("text"); tv != nil {
-						if tv.Type() != fastjson.TypeString {
-							return fmt.Errorf("%w: input[%d].content[%d].text must be a string", ErrInvalid, i, j)
-						}
-						c, _ := tv.StringBytes()
-						h.write(c)
-						out.PromptBytes += len(c)
-					}
-				}
-			case fastjson.TypeNull:
-			default:
-				return fmt.Errorf("%w: input[%d].content must be a string or an array of parts, not %s", ErrInvalid, i, cv.Type())
-			}
+		if err := writeContent(h, out, it.Get("content"), "input", i); err != nil {
+			return err
 		}
 		h.sep()
 	}
