@@ -1,7 +1,7 @@
 # llmgw — build, test and measure. `make test` is what CI runs (.ci/run).
 GO        ?= go
 PKGS      := ./...
-RACE_PKGS := ./gateway/...
+RACE_PKGS := ./gateway/... ./internal/rawio/ ./internal/peerwatch/
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME  ?= 60s
 
@@ -40,7 +40,7 @@ test: lint unit
 
 unit:
 	$(GO) test -race -count=1 $(RACE_PKGS)
-	$(GO) test -count=1 $$($(GO) list $(PKGS) | grep -v -e '/gateway' -e '/reliability')
+	$(GO) test -count=1 $$($(GO) list $(PKGS) | grep -v -e '/gateway' -e '/reliability' -e '/internal/rawio' -e '/internal/peerwatch')
 	$(MAKE) test-faults
 
 lint: fmt-check vet staticcheck

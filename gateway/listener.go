@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmgw/llmgw/internal/rawio"
 )
 
 // Accept back-off bounds: the first retry after a resource error waits
@@ -60,7 +62,7 @@ func (l *retryListener) Accept() (net.Conn, error) {
 			if l.failing.Swap(false) {
 				l.log.Info("data listener accepting again", "addr", l.addr)
 			}
-			return c, nil
+			return rawio.Wrap(c), nil
 		}
 		reason, transient := acceptErrorReason(err)
 		if !transient {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"syscall"
+	"unsafe"
 )
 
 // peerOpen reports whether an idle connection can still carry a request:
@@ -24,7 +25,14 @@ func peerOpen(c net.Conn) bool {
 	open := false
 	var buf [1]byte
 	cerr := rc.Read(func(fd uintptr) bool {
-		_, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		// A raw system call: it never blocks (MSG_DONTWAIT), and entering
+		// the scheduler's syscall state would wake the runtime's monitor
+		// thread on every reuse.
+		_, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		var err error
+		if e != 0 {
+			err = e
+		}
 		// EAGAIN: nothing to read, the peer is idle and open. n == 0 with
 		// no error is the peer's FIN; n > 0 is unsolicited data; any other
 		// error (ECONNRESET) is a dead connection.

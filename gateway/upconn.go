@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/internal/rawio"
 )
 
 // Upstream connections and what a failure on one proves.
@@ -98,7 +99,7 @@ func dialUpstream(addr string, o *connOpts) (net.Conn, error) {
 	// a stream's silence is bounded by the idle timeout; the probes'
 	// socket options would only cost every new connection four system
 	// calls.
-	c, err := (&net.Dialer{Timeout: o.connect, KeepAlive: -1}).Dial("tcp", addr)
+	c, err := dialTCP(addr, o.connect)
 	if err != nil {
 		return nil, &DialError{Addr: addr, Err: err}
 	}
@@ -126,6 +127,26 @@ func dialUpstream(addr string, o *connOpts) (net.Conn, error) {
 	// connection's first.
 	uc.requests, uc.reading = 0, false
 	return tc, nil
+}
+
+// dialTCP connects to addr within timeout. A numeric address is dialed by
+// rawio (its reads and writes stay out of the scheduler's syscall state, see
+// internal/rawio); a name is resolved and dialed by package net, its
+// connection wrapped the same way.
+func dialTCP(addr string, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+	}
+	defer cancel()
+	if c, ok, err := rawio.DialTCP(ctx, addr); ok {
+		return c, err
+	}
+	c, err := (&net.Dialer{KeepAlive: -1}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return rawio.Wrap(c), nil
 }
 
 // upConn is one upstream TCP connection (below TLS, when there is TLS).

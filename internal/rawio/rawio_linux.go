@@ -1,0 +1,236 @@
+//go:build linux
+
+package rawio
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// rw is the raw read(2)/write(2) machinery over a descriptor the runtime
+// poller watches (syscall.RawConn). Its callbacks and their arguments live
+// in the struct, so a Read or Write allocates nothing. One Read and one
+// Write may run at once; concurrent Reads (or Writes) are serialised by
+// the descriptor's own locks inside RawConn.
+type rw struct {
+	rc syscall.RawConn
+
+	rbuf    []byte
+	rn      int
+	rerr    syscall.Errno
+	readFn  func(uintptr) bool
+	wbuf    []byte
+	wn      int
+	werr    syscall.Errno
+	writeFn func(uintptr) bool
+}
+
+func (r *rw) init() {
+	r.readFn = r.doRead
+	r.writeFn = r.doWrite
+}
+
+// doRead is one read(2); false asks the poller to wait for readability.
+func (r *rw) doRead(fd uintptr) bool {
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(r.rbuf))), uintptr(len(r.rbuf)))
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		}
+		r.rn, r.rerr = int(n), e
+		return true
+	}
+}
+
+// doWrite writes as much of wbuf as the socket takes; false asks the
+// poller to wait for writability.
+func (r *rw) doWrite(fd uintptr) bool {
+	for r.wn < len(r.wbuf) {
+		rest := r.wbuf[r.wn:]
+		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(unsafe.SliceData(rest))), uintptr(len(rest)))
+		switch e {
+		case 0:
+			r.wn += int(n)
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			r.werr = e
+			return true
+		}
+	}
+	return true
+}
+
+// read reads like net.TCPConn.Read: one read(2) once data is there; io.EOF
+// after the peer's FIN. Errors are unwrapped (the caller adds its OpError).
+func (r *rw) read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	r.rbuf, r.rn, r.rerr = p, 0, 0
+	err := r.rc.Read(r.readFn)
+	r.rbuf = nil
+	if err == nil && r.rerr != 0 {
+		err = os.NewSyscallError("read", r.rerr)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if r.rn == 0 {
+		return 0, io.EOF
+	}
+	return r.rn, nil
+}
+
+// write writes all of p, waiting for the socket as needed.
+func (r *rw) write(p []byte) (int, error) {
+	r.wbuf, r.wn, r.werr = p, 0, 0
+	err := r.rc.Write(r.writeFn)
+	n := r.wn
+	r.wbuf = nil
+	if err == nil && r.werr != 0 {
+		err = os.NewSyscallError("write", r.werr)
+	}
+	return n, err
+}
+
+func opError(op string, local, remote net.Addr, err error) error {
+	if err == io.EOF {
+		return err
+	}
+	return &net.OpError{Op: op, Net: "tcp", Source: local, Addr: remote, Err: err}
+}
+
+// Conn is a *net.TCPConn whose Read and Write issue read(2) and write(2) as
+// raw system calls on the non-blocking socket. Deadlines, Close, addresses
+// and SyscallConn are the TCPConn's own, and waiting for readiness is still
+// the runtime poller's, so a deadline ends a wait exactly as it does on the
+// TCPConn.
+type Conn struct {
+	*net.TCPConn
+	io rw
+}
+
+// Wrap returns c as a *Conn when it is a *net.TCPConn, else c unchanged.
+func Wrap(c net.Conn) net.Conn {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	w := &Conn{TCPConn: tc}
+	w.io.rc = rc
+	w.io.init()
+	return w
+}
+
+// Read reads like net.TCPConn.Read.
+func (c *Conn) Read(p []byte) (int, error) {
+	n, err := c.io.read(p)
+	if err != nil {
+		return n, opError("read", c.LocalAddr(), c.RemoteAddr(), err)
+	}
+	return n, nil
+}
+
+// Write writes all of p, waiting for the socket as needed.
+func (c *Conn) Write(p []byte) (int, error) {
+	n, err := c.io.write(p)
+	if err != nil {
+		return n, opError("write", c.LocalAddr(), c.RemoteAddr(), err)
+	}
+	return n, nil
+}
+
+// fileConn is a TCP connection DialTCP opened: an *os.File the poller
+// watches, read and written raw. Deadlines are the File's.
+type fileConn struct {
+	f             *os.File
+	io            rw
+	local, remote *net.TCPAddr
+	// closed is set before the File is closed: the File's raw calls then
+	// fail with the poller's "use of closed file", reported as
+	// net.ErrClosed like a closed net.Conn's.
+	closed atomic.Bool
+}
+
+var (
+	_ net.Conn                        = (*fileConn)(nil)
+	_ syscall.Conn                    = (*fileConn)(nil)
+	_ net.Conn                        = (*Conn)(nil)
+	_ syscall.Conn                    = (*Conn)(nil)
+	_ interface{ CloseWrite() error } = (*fileConn)(nil)
+)
+
+func (c *fileConn) Read(p []byte) (int, error) {
+	n, err := c.io.read(p)
+	if err != nil {
+		return n, opError("read", c.local, c.remote, c.closedAsNet(err))
+	}
+	return n, nil
+}
+
+func (c *fileConn) Write(p []byte) (int, error) {
+	n, err := c.io.write(p)
+	if err != nil {
+		return n, opError("write", c.local, c.remote, c.closedAsNet(err))
+	}
+	return n, nil
+}
+
+// Close closes the socket (the one call of a dialed connection the
+// scheduler sees).
+func (c *fileConn) Close() error {
+	if c.closed.Swap(true) {
+		return opError("close", c.local, c.remote, net.ErrClosed)
+	}
+	if err := c.f.Close(); err != nil {
+		return opError("close", c.local, c.remote, err)
+	}
+	return nil
+}
+
+// CloseWrite shuts down the sending side (the peer reads EOF).
+func (c *fileConn) CloseWrite() error {
+	var e syscall.Errno
+	if err := c.io.rc.Control(func(fd uintptr) {
+		_, _, e = syscall.RawSyscall(syscall.SYS_SHUTDOWN, fd, syscall.SHUT_WR, 0)
+	}); err != nil {
+		return opError("close", c.local, c.remote, c.closedAsNet(err))
+	}
+	if e != 0 {
+		return opError("close", c.local, c.remote, os.NewSyscallError("shutdown", e))
+	}
+	return nil
+}
+
+func (c *fileConn) LocalAddr() net.Addr                { return c.local }
+func (c *fileConn) RemoteAddr() net.Addr               { return c.remote }
+func (c *fileConn) SetDeadline(t time.Time) error      { return c.f.SetDeadline(t) }
+func (c *fileConn) SetReadDeadline(t time.Time) error  { return c.f.SetReadDeadline(t) }
+func (c *fileConn) SetWriteDeadline(t time.Time) error { return c.f.SetWriteDeadline(t) }
+
+// SyscallConn is the socket's raw connection (the gateway's peek before
+// reuse, the disconnect watch).
+func (c *fileConn) SyscallConn() (syscall.RawConn, error) { return c.io.rc, nil }
+
+// closedAsNet reports a failure after Close as net.ErrClosed.
+func (c *fileConn) closedAsNet(err error) error {
+	if c.closed.Load() && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return net.ErrClosed
+	}
+	return err
+}
