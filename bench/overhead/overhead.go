@@ -291,11 +291,13 @@ type Report struct {
 	Backend        string        `json:"backend"`
 	// LoadCPUs is the CPU list of the benchmark's own process (load
 	// generator, embedded gateway, in-process simulator).
-	LoadCPUs string         `json:"load_cpus"`
-	Pin      Placement      `json:"pin"`
-	Started  time.Time      `json:"started"`
-	Partial  bool           `json:"partial"`
-	Results  []TargetResult `json:"results"`
+	LoadCPUs string    `json:"load_cpus"`
+	Pin      Placement `json:"pin"`
+	// ProxyWorkers is each proxy process's worker count (ProxyWorkers).
+	ProxyWorkers int            `json:"proxy_workers"`
+	Started      time.Time      `json:"started"`
+	Partial      bool           `json:"partial"`
+	Results      []TargetResult `json:"results"`
 }
 
 // Result returns target's result, or nil.
@@ -331,7 +333,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep := &Report{Mode: cfg.Mode, Concurrency: cfg.Concurrency, Duration: cfg.Duration, Slice: cfg.Slice, MaxRequests: cfg.MaxRequests,
 		Stream: cfg.Stream, PromptBytes: cfg.PromptBytes, DecodePerToken: cfg.DecodePerToken, Upstream: cfg.Upstream,
-		Engine: string(cfg.Engine), NagleStall: cfg.NagleStall, Backend: cfg.Backend, LoadCPUs: cpusAllowed(os.Getpid()), Pin: cfg.Pin,
+		Engine: string(cfg.Engine), NagleStall: cfg.NagleStall, Backend: cfg.Backend, LoadCPUs: cpusAllowed(os.Getpid()), Pin: cfg.Pin, ProxyWorkers: ProxyWorkers,
 		Started: time.Now().UTC()}
 	if cfg.Mode == OpenLoop {
 		rep.RPS = cfg.RPS

@@ -223,7 +223,7 @@ func TestMarkdownGolden(t *testing.T) {
 	lat := func(p50, p99 time.Duration) loadgen.Summary {
 		return loadgen.Summary{Count: 1000, Mean: p50, P50: p50, P90: p99, P99: p99, Max: p99}
 	}
-	rep := &Report{Mode: OpenLoop, RPS: 5000, Concurrency: 64, Duration: 5 * time.Second, Slice: time.Second, MaxRequests: 100000, PromptBytes: 900,
+	rep := &Report{Mode: OpenLoop, RPS: 5000, Concurrency: 64, Duration: 5 * time.Second, Slice: time.Second, MaxRequests: 100000, PromptBytes: 900, ProxyWorkers: ProxyWorkers,
 		Upstream: "sim 127.0.0.1:1", Started: time.Date(2026, 11, 30, 1, 0, 0, 0, time.UTC),
 		Results: []TargetResult{
 			{Target: Direct, Requests: 25000, Throughput: 5000, Latency: lat(80*time.Microsecond, 300*time.Microsecond), ResponseBytes: 610},

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,6 +61,14 @@ func freeLoopbackAddr() (string, error) {
 	return addr, ln.Close()
 }
 
+// ProxyWorkers is how many workers every proxy under test runs: nginx's
+// worker_processes, HAProxy's nbthread and llmgw's --procs (GOMAXPROCS).
+// One number for all, so that no proxy gets a larger share of a CPU it
+// shares with the backend: on one pinned core a single worker loses the
+// fair-share race against the backend it wakes and is preempted at almost
+// every write (measured for nginx and llmgw alike, BENCHMARKS.md).
+const ProxyWorkers = 2
+
 // nginxConf is a keep-alive reverse proxy to upstream with buffering off,
 // so SSE chunks are forwarded as they arrive.
 func nginxConf(dir, upstream, listen string) string {
@@ -75,7 +84,7 @@ func nginxConfPool(dir, upstream, listen string, keepAlive bool) string {
 		pool, loc = "", ""
 	}
 	return fmt.Sprintf(`daemon off;
-worker_processes 2;
+worker_processes %[6]d;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log;
 events { worker_connections 4096; }
@@ -89,15 +98,15 @@ http {
     location / { proxy_pass http://w; %[5]sproxy_buffering off; }
   }
 }
-`, dir, upstream, listen, pool, loc)
+`, dir, upstream, listen, pool, loc, ProxyWorkers)
 }
 
 // haproxyConf is HAProxy's equivalent: HTTP mode, keep-alive on both sides
-// with server connection reuse, two threads (the machine's cores).
+// with server connection reuse, ProxyWorkers threads.
 func haproxyConf(upstream, listen string) string {
 	return fmt.Sprintf(`global
   maxconn 8192
-  nbthread 2
+  nbthread %d
 defaults
   mode http
   option http-keep-alive
@@ -110,12 +119,13 @@ frontend bench
   default_backend w
 backend w
   server w1 %s
-`, listen, upstream)
+`, ProxyWorkers, listen, upstream)
 }
 
 // startLLMGWProcess runs `bin serve` as a child process with one
-// round-robin rule (probes off) over upstream, so llmgw is measured as
-// nginx and HAProxy are: its own process, its own CPU share.
+// round-robin rule (probes off) over upstream and --procs ProxyWorkers, so
+// llmgw is measured as nginx and HAProxy are: its own process, as many
+// workers, its own CPU share.
 func startLLMGWProcess(ctx context.Context, bin, upstream string, engine engines.Kind, pin Placement) (*proxy, error) {
 	host, port, err := net.SplitHostPort(upstream)
 	if err != nil {
@@ -142,7 +152,7 @@ func startLLMGWProcess(ctx context.Context, bin, upstream string, engine engines
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("overhead: llmgw rules: %w", err)
 	}
-	args := []string{"serve", "--listen", listen, "--admin", admin, "--state-dir", filepath.Join(dir, "state"), "--rules", rules, "--log-level", "warn"}
+	args := []string{"serve", "--listen", listen, "--admin", admin, "--state-dir", filepath.Join(dir, "state"), "--rules", rules, "--log-level", "warn", "--procs", strconv.Itoa(ProxyWorkers)}
 	// The data plane listens before serve applies --rules; serve prints
 	// its banner after, so the banner is the readiness signal.
 	return startProcess(ctx, "llmgw", bin, args, listen, dir, "llmgw serving:", pin)

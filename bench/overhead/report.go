@@ -40,6 +40,9 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	if r.Pin.Targets != "" {
 		fmt.Fprintf(&b, ", targets pinned to CPUs %s", r.Pin.Targets)
 	}
+	if r.ProxyWorkers > 0 {
+		fmt.Fprintf(&b, "; %d workers per proxy process (nginx worker_processes, HAProxy nbthread, llmgw --procs)", r.ProxyWorkers)
+	}
 	if r.Partial {
 		b.WriteString(" — **partial: interrupted**")
 	}

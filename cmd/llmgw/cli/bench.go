@@ -74,7 +74,8 @@ func newBenchOverheadCmd(io *IOStreams, runF func(context.Context, *BenchOverhea
 		Long: `Send the same chat completions to a backend directly, through llmgw as
 its own process (this binary's serve, one round-robin rule, probes off, run
 as nginx and HAProxy run), and through nginx and HAProxy (when installed:
-make bench-deps), in one run, and report requests/s, p50/p90/p99 latency,
+make bench-deps), in one run; every proxy process runs the same number of
+workers (nginx worker_processes, HAProxy nbthread, llmgw --procs: 2), and report requests/s, p50/p90/p99 latency,
 the latency each proxy adds over the direct baseline, and each target
 process's CPU seconds per 100k requests, resident memory and CPU placement.
 Target llmgw-embedded (only when named) runs the gateway inside the

@@ -75,6 +75,7 @@ func TestUsageErrors(t *testing.T) {
 		{"rule bad admin url", []string{"rule", "list", "--admin", "localhost"}, "want a URL"},
 		{"missing config file", []string{"serve", "--config", "/nonexistent/llmgw.yaml"}, "config file"},
 		{"zero write timeout", []string{"serve", "--write-timeout", "0s", "--state-dir", "/tmp/llmgw-cli-test"}, "--write-timeout must be positive"},
+		{"negative procs", []string{"serve", "--procs", "-1", "--state-dir", "/tmp/llmgw-cli-test"}, "--procs must be 0 (Go's choice) or positive"},
 		{"zero buffer budget", []string{"serve", "--buffer-budget-bytes", "0", "--state-dir", "/tmp/llmgw-cli-test"}, "--buffer-budget-bytes must be positive"},
 	}
 	for _, tc := range cases {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +38,8 @@ type ServeOptions struct {
 	LogLevel       string
 	LogPayloads    bool
 	Pprof          bool
+	// Procs is GOMAXPROCS for the process; 0 keeps the runtime's choice.
+	Procs int
 	// EndpointsSource "" or "kubernetes": where rules with endpoints_from
 	// discover their endpoints; Kubeconfig is its client configuration.
 	EndpointsSource string
@@ -65,7 +68,13 @@ The management API listens on --admin (loopback by default): create rules with
 kill -9. Metrics are at GET /metrics on the admin listener.
 
 --rules FILE applies (creates or updates) the rules in FILE at start; a rule
-that fails admission stops the start with the reason.`,
+that fails admission stops the start with the reason.
+
+--procs sets how many threads run Go code at once (GOMAXPROCS). Go's
+default is one per CPU the process may use. On a CPU shared with busy
+neighbours (an engine or another proxy pinned to the same core) a second
+thread keeps the gateway's fair share of that CPU, as a second nginx worker
+does; BENCHMARKS.md measures both.`,
 		Example: `  # two local workers behind one gateway
   llmgw sim --engine vllm --listen 127.0.0.1:8001 &
   llmgw sim --engine vllm --listen 127.0.0.1:8002 &
@@ -94,6 +103,7 @@ that fails admission stops the start with the reason.`,
 	f.StringVar(&opts.TLSKey, "tls-key", "", "PEM private key for TLS on the data plane (with --tls-cert)")
 	f.StringVar(&opts.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&opts.LogPayloads, "log-payloads", false, "log prompt and completion bodies at debug level (off: payloads may hold personal data)")
+	f.IntVar(&opts.Procs, "procs", 0, "OS threads running Go code at once (GOMAXPROCS); 0 keeps Go's choice: the CPUs this process may run on, or its container's CPU limit")
 	f.BoolVar(&opts.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the admin listener (behind the admin token when one is set)")
 	f.StringVar(&opts.EndpointsSource, "endpoints-source", "", `"kubernetes": rules with endpoints_from discover their endpoints from the cluster's EndpointSlices or pods ("" refuses such rules)`)
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig for --endpoints-source kubernetes (default $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
@@ -136,6 +146,12 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	if opts.KVMaxBlocks <= 0 {
 		return usageErrorf("--kv-max-blocks must be positive, got %d", opts.KVMaxBlocks)
+	}
+	if opts.Procs < 0 {
+		return usageErrorf("--procs must be 0 (Go's choice) or positive, got %d", opts.Procs)
+	}
+	if opts.Procs > 0 {
+		runtime.GOMAXPROCS(opts.Procs)
 	}
 	log := slog.New(slog.NewTextHandler(opts.IO.ErrOut, &slog.HandlerOptions{Level: level}))
 	var token string
@@ -222,7 +238,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 			return fmt.Errorf("--rules %s: rule %q: %w", opts.RulesFile, r.Name, err)
 		}
 	}
-	fmt.Fprintf(opts.IO.ErrOut, "llmgw serving: data plane http://%s, admin http://%s, state %s\n", srv.Addr(), srv.AdminAddr(), opts.StateDir)
+	fmt.Fprintf(opts.IO.ErrOut, "llmgw serving: data plane http://%s, admin http://%s, state %s, %d procs\n", srv.Addr(), srv.AdminAddr(), opts.StateDir, runtime.GOMAXPROCS(0))
 	<-ctx.Done()
 	return nil
 }
