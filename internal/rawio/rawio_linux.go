@@ -47,6 +47,9 @@ func (r *rw) doRead(fd uintptr) bool {
 			return false
 		}
 		r.rn, r.rerr = int(n), e
+		if e == 0 {
+			raceAfterRead(fd, r.rbuf, r.rn)
+		}
 		return true
 	}
 }
@@ -54,6 +57,7 @@ func (r *rw) doRead(fd uintptr) bool {
 // doWrite writes as much of wbuf as the socket takes; false asks the
 // poller to wait for writability.
 func (r *rw) doWrite(fd uintptr) bool {
+	raceBeforeWrite(r.wbuf[r.wn:])
 	for r.wn < len(r.wbuf) {
 		rest := r.wbuf[r.wn:]
 		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(unsafe.SliceData(rest))), uintptr(len(rest)))
