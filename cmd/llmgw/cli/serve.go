@@ -74,7 +74,9 @@ that fails admission stops the start with the reason.
 default is one per CPU the process may use. On a CPU shared with busy
 neighbours (an engine or another proxy pinned to the same core) a second
 thread keeps the gateway's fair share of that CPU, as a second nginx worker
-does; BENCHMARKS.md measures both.`,
+does, at a price: the collector's stop-the-world pauses then wait for the
+kernel to run both threads, which lengthens the latency tail under an open
+load. BENCHMARKS.md measures both.`,
 		Example: `  # two local workers behind one gateway
   llmgw sim --engine vllm --listen 127.0.0.1:8001 &
   llmgw sim --engine vllm --listen 127.0.0.1:8002 &
