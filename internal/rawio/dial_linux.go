@@ -83,6 +83,13 @@ func dial(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
 		closeRaw(fd)
 		return nil, errors.New("rawio: NewFile refused the socket")
 	}
+	// NewFile falls back to a blocking, unpolled File when the poller
+	// refuses the descriptor; such a File has no deadlines (ErrNoDeadline)
+	// and would block a thread per wait: refuse it here, not later.
+	if err := f.SetDeadline(time.Time{}); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("rawio: the runtime poller did not take the socket: %w", err)
+	}
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
