@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,37 +200,93 @@ func TestBrokenOrLargeBodiesAreNeverDeliveredAsComplete(t *testing.T) {
 // TestLongStreamOutlivesTheWriteTimeout: the write timeout bounds a stall
 // in the client's reading, not a stream's length: a stream that runs longer
 // than it, to a client that reads, is delivered whole.
+//
+// The worker sends an event only after the client has read the one before
+// (lockstep, so the client is never the slow side) and ends the stream
+// once it has run for twice the write timeout.
 func TestLongStreamOutlivesTheWriteTimeout(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	var read atomic.Int64 // events the client has read
+	sent := make(chan int, 1)
 	b := newHardScripted(t, func(c net.Conn, _ *http.Request) {
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-		for i := range 12 {
-			ev := fmt.Sprintf("data: {\"n\":%d}\n\n", i)
+		start := time.Now()
+		n := 0
+		for ; time.Since(start) <= 2*writeTimeout; n++ {
+			ev := fmt.Sprintf("data: {\"n\":%d}\n\n", n)
 			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
-			time.Sleep(50 * time.Millisecond) // the pacing of a token stream: 600 ms in all
+			want := int64(n + 1)
+			if _, err := wait.Until(10*time.Second, func() error {
+				if read.Load() >= want {
+					return nil
+				}
+				return errors.New("the client has not read the event yet")
+			}); err != nil {
+				break // the test fails on the missing [DONE]
+			}
 		}
+		sent <- n
 		ev := "data: [DONE]\n\n"
 		fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
 	})
-	s := startGateway(t, "", func(c *Config) { c.WriteTimeout = 200 * time.Millisecond })
+	s := startGateway(t, "", func(c *Config) { c.WriteTimeout = writeTimeout })
 	mustApply(t, s, hardScriptedRule("r", "m1", "", b))
-	resp, data, err := rawRequest(t, s.Addr(), "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n", hardStreamChat)
-	if err != nil || resp.StatusCode != 200 || !strings.HasSuffix(string(data), "data: [DONE]\n\n") || !strings.Contains(string(data), `{"n":11}`) {
-		t.Fatalf("status %d err %v body %q; want the whole stream", resp.StatusCode, err, data)
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n%s", len(hardStreamChat), hardStreamChat)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("response: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	events := bufio.NewScanner(resp.Body)
+	var got []string
+	for events.Scan() {
+		if line := events.Text(); strings.HasPrefix(line, "data: ") {
+			got = append(got, line)
+			read.Add(1)
+		}
+	}
+	if err := events.Err(); err != nil {
+		t.Fatalf("after %d events: %v", len(got), err)
+	}
+	n := <-sent
+	if len(got) != n+1 || got[len(got)-1] != "data: [DONE]" || got[n-1] != fmt.Sprintf(`data: {"n":%d}`, n-1) {
+		t.Fatalf("got %d events ending %q; want the worker's %d and [DONE]", len(got), got[max(0, len(got)-2):], n)
 	}
 }
 
 // TestWriteDeadlineDoesNotOutliveItsResponse: the per-response write
 // deadline is cleared after the response, so on a keep-alive connection a
 // later answer that takes longer than the write timeout is still written.
+//
+// The slow answer waits until the deadline the first response armed (before
+// it was written, so no later than its arrival plus the write timeout) has
+// certainly passed.
 func TestWriteDeadlineDoesNotOutliveItsResponse(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	var firstAt atomic.Int64 // when the client had the first answer, UnixNano
 	a := newBackend(t, "slow", func(ctx *fasthttp.RequestCtx) {
 		if string(ctx.Request.Header.Peek("X-Slow")) != "" {
-			time.Sleep(400 * time.Millisecond) // the worker's own latency
+			stale := time.Unix(0, firstAt.Load()).Add(writeTimeout + 50*time.Millisecond)
+			if _, err := wait.Until(10*time.Second, func() error {
+				if time.Now().After(stale) {
+					return nil
+				}
+				return errors.New("the first response's write deadline has not passed yet")
+			}); err != nil {
+				ctx.Error(err.Error(), fasthttp.StatusInternalServerError)
+				return
+			}
 		}
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"ok":true}`)
 	})
-	s := startGateway(t, "", func(c *Config) { c.WriteTimeout = 200 * time.Millisecond })
+	s := startGateway(t, "", func(c *Config) { c.WriteTimeout = writeTimeout })
 	mustApply(t, s, ruleYAML("r", "m1", "", a))
 	conn, err := net.Dial("tcp", s.Addr())
 	if err != nil {
@@ -252,6 +309,9 @@ func TestWriteDeadlineDoesNotOutliveItsResponse(t *testing.T) {
 		resp.Body.Close()
 		if err != nil || resp.StatusCode != 200 || string(body) != `{"ok":true}` {
 			t.Fatalf("request %d: status %d err %v body %q", i+1, resp.StatusCode, err, body)
+		}
+		if !slow {
+			firstAt.Store(time.Now().UnixNano())
 		}
 	}
 }
