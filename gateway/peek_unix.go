@@ -3,7 +3,6 @@
 package gateway
 
 import (
-	"errors"
 	"net"
 	"syscall"
 	"unsafe"
@@ -29,14 +28,10 @@ func peerOpen(c net.Conn) bool {
 		// the scheduler's syscall state would wake the runtime's monitor
 		// thread on every reuse.
 		_, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-		var err error
-		if e != 0 {
-			err = e
-		}
-		// EAGAIN: nothing to read, the peer is idle and open. n == 0 with
-		// no error is the peer's FIN; n > 0 is unsolicited data; any other
+		// EAGAIN: nothing to read, the peer is idle and open. No error
+		// with n == 0 is the peer's FIN, n > 0 unsolicited data; any other
 		// error (ECONNRESET) is a dead connection.
-		open = err != nil && (errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK))
+		open = e == syscall.EAGAIN || e == syscall.EWOULDBLOCK
 		return true // never wait for readability
 	})
 	return cerr == nil && open
