@@ -20,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/internal/procgroup"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // BenchmarkOverhead compares, in one run, a fixed-response worker reached
@@ -172,18 +173,16 @@ http {
 		b.Logf("nginx failed to start: %v", err)
 		return "", nil
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", addr); err == nil {
+	if _, err := wait.Until(5*time.Second, func() error {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
 			c.Close()
-			break
 		}
-		if time.Now().After(deadline) {
-			stopGroup(b, cmd)
-			b.Log("nginx did not listen in time")
-			return "", nil
-		}
-		time.Sleep(10 * time.Millisecond)
+		return err
+	}); err != nil {
+		stopGroup(b, cmd)
+		b.Logf("nginx did not listen in time: %v", err)
+		return "", nil
 	}
 	return addr, func() { stopGroup(b, cmd) }
 }
