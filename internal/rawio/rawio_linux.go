@@ -29,11 +29,14 @@ type rw struct {
 	wn      int
 	werr    syscall.Errno
 	writeFn func(uintptr) bool
+	qerr    syscall.Errno
+	quickFn func(uintptr)
 }
 
 func (r *rw) init() {
 	r.readFn = r.doRead
 	r.writeFn = r.doWrite
+	r.quickFn = r.doQuickAck
 }
 
 // doRead is one read(2); false asks the poller to wait for readability.
