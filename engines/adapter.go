@@ -112,7 +112,8 @@ type ConnPolicy struct {
 	// ReusedConnStall: a reused connection's answer arrives late because
 	// the engine writes head and body separately and Nagle's algorithm
 	// meets the client's delayed ACK (llama.cpp: ~40 ms). The gateway
-	// avoids it (see gateway/upstream).
+	// acknowledges such an engine's answers at once (TCP_QUICKACK before
+	// reading each answer; gateway/upconn.go).
 	ReusedConnStall bool
 }
 

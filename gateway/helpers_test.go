@@ -261,3 +261,18 @@ func mustParse(t *testing.T, body string) *fastjson.Value {
 	}
 	return v
 }
+
+// postErr is post for goroutines other than the test's: it returns the
+// failure instead of ending the test.
+func postErr(c *http.Client, url, body string) (*http.Response, string, error) {
+	resp, err := c.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		return nil, "", fmt.Errorf("POST %s: %w", url, err)
+	}
+	data, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return resp, string(data), fmt.Errorf("POST %s: reading the body: %w", url, err)
+	}
+	return resp, string(data), nil
+}

@@ -335,9 +335,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		if rt.tlsCfg != nil {
 			req.URI().SetScheme("https")
 		}
-		if rt.fresh {
-			req.SetConnectionClose()
-		}
 		req.SetBodyRaw(ctx.PostBody())
 		resp := fasthttp.AcquireResponse()
 		// Every body is streamed (cancelTransport); relay buffers only small
@@ -349,7 +346,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		watch := peerwatch.WatchAfter(ctx.Conn(), call.cancel, clientWatchDelay)
 		upStart := time.Now()
 		hc := rt.clients[ep.Index]
-		err = hc.Do(req, resp)
+		err = rt.do(hc, ep, req, resp)
 		if reusedNotSent(err) && !call.isCancelled() {
 			// The worker closed this pooled connection (or it hit the
 			// engine's limits) before the request was written: nothing was
@@ -359,7 +356,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 				hc.CloseIdleConnections()
 			}
 			s.metrics.redials.WithLabelValues(rt.rule.Name, ep.ID).Inc()
-			err = hc.Do(req, resp)
+			err = rt.do(hc, ep, req, resp)
 		}
 		upstreamCalls.del(req)
 		fasthttp.ReleaseRequest(req)
@@ -399,6 +396,19 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		return
 	}
 	writeError(ctx, lastErr)
+}
+
+// do sends req to ep on a kept connection from hc; when the engine's
+// kept connections are all busy (fasthttp.ErrNoFreeConns: nothing was
+// sent), on a one-shot connection instead (keptConns).
+func (rt *ruleRuntime) do(hc *fasthttp.HostClient, ep *upstream.Endpoint, req *fasthttp.Request, resp *fasthttp.Response) error {
+	err := hc.Do(req, resp)
+	if rt.oneShot != nil && errors.Is(err, fasthttp.ErrNoFreeConns) {
+		req.SetConnectionClose()
+		err = rt.oneShot[ep.Index].Do(req, resp)
+		req.Header.ResetConnectionClose()
+	}
+	return err
 }
 
 // upstreamFailure charges and describes a failed send to ep, and says

@@ -46,11 +46,13 @@ type ruleRuntime struct {
 	prefix     int
 
 	// engine is the rule's engine (kvEngineType); conn its connection
-	// policy; fresh: every request goes on a new connection
-	// (freshConnPerRequest).
-	engine engines.Adapter
-	conn   engines.ConnPolicy
-	fresh  bool
+	// policy. oneShot, by endpoint Index, is nil unless the engine serves
+	// a limited number of connections (keptConns): then clients keeps at
+	// most keptConns connections per endpoint and a request that finds
+	// them all busy goes on a one-shot connection from oneShot.
+	engine  engines.Adapter
+	conn    engines.ConnPolicy
+	oneShot []*fasthttp.HostClient
 
 	cancel context.CancelFunc // stops the prober
 	wg     sync.WaitGroup
@@ -78,12 +80,12 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 	if err != nil {
 		return nil, err
 	}
-	rt.engine, rt.conn, rt.fresh = ad, ad.Conn(), freshConnPerRequest(ad.Conn())
-	// Side requests follow the engine's connection policy too: an engine
-	// served one request per fresh connection keeps none of them idle
-	// (an idle one would hold one of its few HTTP threads).
+	rt.engine, rt.conn = ad, ad.Conn()
+	// Side requests (probes, /tokenize, polls) are few: to an engine with
+	// few serving threads each goes on its own connection, so none of them
+	// idles holding a thread.
 	rt.httpClient = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: rt.tlsCfg, MaxIdleConnsPerHost: 16, IdleConnTimeout: poolIdle(rt.conn.IdleTimeout), DisableKeepAlives: rt.fresh,
+		TLSClientConfig: rt.tlsCfg, MaxIdleConnsPerHost: 16, IdleConnTimeout: poolIdle(rt.conn.IdleTimeout), DisableKeepAlives: keptConns(rt.conn) > 0,
 	}}
 	cbOn := eff.CBEnable == nil || *eff.CBEnable
 	for i, e := range eff.Endpoints {
@@ -114,7 +116,10 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 		}
 		rt.eps = append(rt.eps, ep)
 		rt.byID[e.ID] = ep
-		rt.clients = append(rt.clients, s.hostClient(addr, eff.Timeouts, rt.tlsCfg, tlsKey(eff.BackendTLS), rt.conn))
+		rt.clients = append(rt.clients, s.hostClient(addr, eff.Timeouts, rt.tlsCfg, tlsKey(eff.BackendTLS), rt.conn, false))
+		if keptConns(rt.conn) > 0 {
+			rt.oneShot = append(rt.oneShot, s.hostClient(addr, eff.Timeouts, rt.tlsCfg, tlsKey(eff.BackendTLS), rt.conn, true))
+		}
 	}
 	ids := make([]string, len(rt.eps))
 	for i, ep := range rt.eps {
@@ -257,18 +262,28 @@ func (rt *ruleRuntime) conversationHash(ctx *fasthttp.RequestCtx) (uint64, bool)
 // is not reused past the engine's request limit, and every reuse first
 // checks that the worker has not closed it (upConn). fasthttp itself never
 // retries: forward decides what may be sent again.
-func (s *Server) hostClient(addr string, t rule.TimeoutsConfig, tlsCfg *tls.Config, tlsID string, pol engines.ConnPolicy) *fasthttp.HostClient {
-	key := clientKey{addr: addr, connect: t.Connect.Std(), firstByte: t.FirstByte.Std(), idle: t.Idle.Std(), tls: tlsID, conn: pol}
+// hostClient is the shared connection pool to addr for these settings.
+// With oneShot it keeps no connection: every request it sends carries
+// Connection: close (the caller sets it). Otherwise it keeps at most
+// keptConns(pol) connections when the engine serves a limited number
+// (and answers ErrNoFreeConns at once, nothing sent, when all are busy),
+// else up to 8192.
+func (s *Server) hostClient(addr string, t rule.TimeoutsConfig, tlsCfg *tls.Config, tlsID string, pol engines.ConnPolicy, oneShot bool) *fasthttp.HostClient {
+	key := clientKey{addr: addr, connect: t.Connect.Std(), firstByte: t.FirstByte.Std(), idle: t.Idle.Std(), tls: tlsID, conn: pol, oneShot: oneShot}
 	s.clientsMu.Lock()
 	defer s.clientsMu.Unlock()
 	if hc := s.clients[key]; hc != nil {
 		return hc
 	}
-	o := &connOpts{connect: key.connect, idle: key.idle, maxIdle: poolIdle(pol.IdleTimeout), maxRequests: pol.MaxRequestsPerConn, tls: tlsCfg}
+	o := &connOpts{connect: key.connect, idle: key.idle, maxIdle: poolIdle(pol.IdleTimeout), maxRequests: pol.MaxRequestsPerConn, quickAck: pol.ReusedConnStall, tls: tlsCfg}
+	maxConns := 8192
+	if n := keptConns(pol); n > 0 && !oneShot {
+		maxConns, o.maxIdle = n, min(o.maxIdle, keptIdle)
+	}
 	hc := &fasthttp.HostClient{
 		Addr:                          addr,
 		Dial:                          func(a string) (net.Conn, error) { return dialUpstream(a, o) },
-		MaxConns:                      8192,
+		MaxConns:                      maxConns,
 		MaxIdleConnDuration:           o.maxIdle,
 		ReadTimeout:                   key.firstByte,
 		WriteTimeout:                  30 * time.Second,
@@ -293,6 +308,7 @@ type clientKey struct {
 	connect, firstByte, idle time.Duration
 	tls                      string // "" plain; else the TLS settings' identity
 	conn                     engines.ConnPolicy
+	oneShot                  bool
 }
 
 // tlsKey identifies backend TLS settings for sharing connection pools.

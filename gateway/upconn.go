@@ -63,7 +63,12 @@ type connOpts struct {
 	// maxRequests: a connection that has carried this many requests is not
 	// reused (0: no limit).
 	maxRequests int
-	tls         *tls.Config
+	// quickAck: after writing each request, take the connection out of
+	// delayed-ACK mode (rawio.QuickAck) so the engine's answer is not
+	// held by Nagle's algorithm waiting for our ACK of its head
+	// (ConnPolicy.ReusedConnStall).
+	quickAck bool
+	tls      *tls.Config
 }
 
 // poolIdle is the pool's idle limit for an engine that closes idle
@@ -77,18 +82,28 @@ func poolIdle(t time.Duration) time.Duration {
 	return t - t/5
 }
 
-// freshConnPerRequest reports whether every request to this engine goes on
-// a new connection (Connection: close). llama-server serves only
-// ServingConns connections at once and holds each kept-alive connection's
-// thread until the connection closes, and its answers on a reused
-// connection stall ~40 ms (ReusedConnStall). Measured against a real
-// llama-server (BENCHMARKS.md, "Upstream connections"): a fresh connection
-// per request removes the stall (44 ms → 0.6 ms per request) and, unlike a
-// kept-alive pool, never leaves a request queued behind idle connections
-// that hold all of the server's threads.
-func freshConnPerRequest(p engines.ConnPolicy) bool {
-	return p.ReusedConnStall || p.ServingConns > 0
+// keptConns is how many kept-alive connections the gateway holds to one
+// endpoint of an engine whose server serves only ServingConns connections
+// at once (llama-server: one per HTTP thread, each held for as long as its
+// connection stays open, idle or not): half of them, at least one. The
+// rest of the server's threads stay free for whoever else connects (the
+// gateway's probes, a metrics scraper, other gateway replicas); a request
+// that finds all kept connections busy goes on a one-shot connection
+// (Connection: close), which holds a thread only while it is answered.
+// Zero: no limit (the engine states none).
+func keptConns(p engines.ConnPolicy) int {
+	if p.ServingConns <= 0 {
+		return 0
+	}
+	return max(1, p.ServingConns/2)
 }
+
+// keptIdle is the pool's idle limit for an engine that serves a limited
+// number of connections: an idle kept connection holds one of the server's
+// few threads, so it is dropped after a second of idleness, well before
+// the engine's own keep-alive timeout (5 s for llama.cpp); under load the
+// connections are reused at once and never reach it.
+const keptIdle = time.Second
 
 // dialUpstream connects to addr and wraps the connection so that a dead
 // pooled connection is found before a request is written to it. Every
@@ -179,6 +194,11 @@ type upConn struct {
 }
 
 func (c *upConn) Read(p []byte) (int, error) {
+	if c.o.quickAck && !c.reading && c.requests > 0 {
+		// The first read of an answer. A failure means the socket is
+		// unusable; the read below reports that.
+		_ = rawio.QuickAck(c.Conn)
+	}
 	if c.idlePending {
 		c.idlePending, c.idleArmed = false, true
 		_ = c.Conn.SetReadDeadline(c.lastRead.Add(c.o.idle))

@@ -11,7 +11,8 @@ import (
 // upstream connection, through the whole gateway: a live pooled connection
 // (vLLM policy; the reuse check included), a pooled connection the worker
 // closed while idle (found dead before the write, redialed on the same
-// endpoint), and a fresh connection per request (llama.cpp policy). The
+// endpoint), and a kept connection under the llama.cpp policy (at most
+// keptConns per endpoint, TCP_QUICKACK before each answer is read). The
 // worker closes its idle connections between timed requests in "redial".
 func BenchmarkUpstreamConnection(b *testing.B) {
 	for _, tc := range []struct {
@@ -20,7 +21,7 @@ func BenchmarkUpstreamConnection(b *testing.B) {
 	}{
 		{name: "pooled", engine: "vllm"},
 		{name: "redial", engine: "vllm", expire: true},
-		{name: "fresh", engine: "llamacpp"},
+		{name: "kept-quickack", engine: "llamacpp"},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			up := newScripted(b, uvicornLike)

@@ -25,18 +25,16 @@ const streamChat = `{"model":"m1","stream":true,"messages":[{"role":"user","cont
 // like the rule's engine: llama.cpp closes after every SSE answer while
 // advertising keep-alive; vLLM's uvicorn keeps the connection. Every
 // request succeeds, each is executed exactly once, and the breaker (set to
-// open on the first charged failure) never opens. On the vLLM rule pooled
-// connections are kept and found dead before reuse (redials); on llama.cpp
-// every request has its own connection.
+// open on the first charged failure) never opens. On both, pooled
+// connections are kept, found dead before reuse after the idle close
+// (redials), and reused for back-to-back plain answers.
 func TestEngineLikeUpstreamNoErrors(t *testing.T) {
 	for _, tc := range []struct {
-		engine      string
-		upstream    func(c net.Conn, req *http.Request, body []byte, n int64) bool
-		wantRedials bool
-		freshConns  bool
+		engine   string
+		upstream func(c net.Conn, req *http.Request, body []byte, n int64) bool
 	}{
-		{engine: "llamacpp", upstream: llamaLike, freshConns: true},
-		{engine: "vllm", upstream: uvicornLike, wantRedials: true},
+		{engine: "llamacpp", upstream: llamaLike},
+		{engine: "vllm", upstream: uvicornLike},
 	} {
 		t.Run(tc.engine, func(t *testing.T) {
 			up := newScripted(t, tc.upstream)
@@ -76,12 +74,16 @@ func TestEngineLikeUpstreamNoErrors(t *testing.T) {
 			if n := s.metricValue(t, "llmgw_breaker_transitions_total", "r"); n != 0 {
 				t.Errorf("%v breaker transitions", n)
 			}
-			redials := s.metricValue(t, "llmgw_upstream_redials_total", "r")
-			if tc.wantRedials != (redials > 0) {
-				t.Errorf("redials = %v, want some: %v", redials, tc.wantRedials)
+			if redials := s.metricValue(t, "llmgw_upstream_redials_total", "r"); redials == 0 {
+				t.Error("no redials: the connections the upstream closed while idle were never found dead")
 			}
-			if d := up.dials.Load(); tc.freshConns && d != int64(sent) {
-				t.Errorf("%d connections for %d requests; want one each", d, sent)
+			before := up.dials.Load()
+			for i := range 10 {
+				resp, body := post(t, c, url, chatBody)
+				check(fmt.Sprintf("back-to-back request %d", i), resp, body)
+			}
+			if d := up.dials.Load() - before; d > 1 {
+				t.Errorf("%d new connections for 10 back-to-back plain requests; want the kept one reused", d)
 			}
 		})
 	}

@@ -116,11 +116,13 @@ type Config struct {
 	// 0 means the engine's own (llamacpp.IdleTimeout, 5 s). Tests shorten
 	// it. Other personas ignore it.
 	IdleTimeout time.Duration
-	// NagleStall makes a llama.cpp persona reproduce llama-server's stall on
-	// reused connections: a non-streamed answer on a connection's second or
-	// later request has its head written at once and its body
-	// llamacpp.ReusedConnStall (44 ms) later. Off by default; other
-	// personas ignore it.
+	// NagleStall makes a llama.cpp persona write like llama-server: Nagle's
+	// algorithm on and a non-streamed answer's head and body in two
+	// writes, so on a reused connection whose client delays its ACKs the
+	// body arrives ~40 ms after the head (llamacpp.ReusedConnStall; the
+	// kernel's delayed-ACK timer, not a timer of ours), and a client that
+	// acknowledges at once is not stalled. Off by default (answers then go
+	// out in one write); other personas ignore it.
 	NagleStall bool
 	// Clock returns the current time for "created" fields and event
 	// timestamps; nil means time.Now. Tests pin it for golden bytes.

@@ -2,8 +2,9 @@ package sim
 
 import (
 	"bufio"
+	"bytes"
 	"context"
-	"io"
+	"fmt"
 	"net"
 	"runtime"
 	"strconv"
@@ -33,13 +34,18 @@ import (
 //     CPUs; without a concurrency limit, the adapter's ServingConns): a
 //     further one is accepted by the kernel (listen backlog) but waits
 //     until a served one closes;
-//   - with the Nagle stall on, a non-streamed answer on a reused connection
-//     has its head written at once and its body llamacpp.ReusedConnStall
-//     later.
+//   - with the Nagle stall on, the socket keeps Nagle's algorithm on (no
+//     TCP_NODELAY, cpp-httplib's default) and a non-streamed answer's head
+//     and body go out as two writes (cpp-httplib's write_response_core), so
+//     the kernel holds the body until the client acknowledges the head: on
+//     a reused connection whose client delays its ACKs, ~40 ms
+//     (llamacpp.ReusedConnStall), and not at all for a client that ACKs at
+//     once (TCP_QUICKACK) — the same mechanism as llama-server's, not a
+//     timer.
 type llamaTransport struct {
 	policy   llamaConnPolicy
 	idle     time.Duration
-	stall    time.Duration // 0: off
+	nagle    bool          // the Nagle stall: Nagle on, head and body written apart
 	serving  chan struct{} // one token per served connection
 	stopping <-chan struct{}
 }
@@ -66,9 +72,7 @@ func newLlamaTransport(ctx context.Context, cfg Config) *llamaTransport {
 	if cfg.IdleTimeout > 0 {
 		t.idle = cfg.IdleTimeout
 	}
-	if cfg.NagleStall {
-		t.stall = llamacpp.ReusedConnStall
-	}
+	t.nagle = cfg.NagleStall
 	if p.ServingConns > 0 {
 		// A persona with slots (-np) sizes its pool as llama-server would
 		// on this host; one with unbounded concurrency has no -np and
@@ -116,6 +120,13 @@ func (l *llamaListener) Accept() (net.Conn, error) {
 	if err != nil {
 		l.release()
 		return nil, err
+	}
+	if l.t.nagle {
+		if err := setNagle(c); err != nil {
+			_ = c.Close()
+			l.release()
+			return nil, err
+		}
 	}
 	lc := &llamaConn{Conn: c, release: l.release}
 	// A connection that never sends a byte is closed after the idle time,
@@ -197,41 +208,28 @@ func (t *llamaTransport) finish(ctx *fasthttp.RequestCtx) {
 	if ctx.IsHead() {
 		h.Set("Accept-Ranges", "bytes") // cpp-httplib's HEAD answer
 	}
-	if t.stall > 0 && ctx.ConnRequestNum() > 1 {
+	if t.nagle {
+		// Head and body in two writes: the head is flushed on its own,
+		// then the body is copied from the stream.
 		body := append([]byte(nil), ctx.Response.Body()...)
-		ctx.Response.SetBodyStream(&stalledBody{body: body, delay: t.stall, stop: t.stopping}, len(body))
+		ctx.Response.SetBodyStream(bytes.NewReader(body), len(body))
 		ctx.Response.ImmediateHeaderFlush = true
 	}
 }
 
-// stalledBody yields body only after delay: the response head, flushed
-// first, leaves at once and the body follows, as llama-server's two writes
-// do on a reused connection (Nagle's algorithm holds the second write until
-// the client's delayed ACK). Measured on the real server: streamed answers
-// on a reused connection are not delayed, so only fixed-length bodies use it.
-type stalledBody struct {
-	body    []byte
-	delay   time.Duration
-	stop    <-chan struct{}
-	started bool
-}
-
-func (b *stalledBody) Read(p []byte) (int, error) {
-	if !b.started {
-		b.started = true
-		t := time.NewTimer(b.delay)
-		select {
-		case <-t.C:
-		case <-b.stop:
-			t.Stop()
-		}
+// setNagle turns Nagle's algorithm back on for an accepted connection (Go
+// sets TCP_NODELAY on every TCP connection; cpp-httplib, and so
+// llama-server, leaves it off: CPPHTTPLIB_TCP_NODELAY defaults to false and
+// server.cpp does not change it).
+func setNagle(c net.Conn) error {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return fmt.Errorf("sim: the Nagle stall needs a TCP connection, got %T", c)
 	}
-	if len(b.body) == 0 {
-		return 0, io.EOF
+	if err := tc.SetNoDelay(false); err != nil {
+		return fmt.Errorf("sim: turning Nagle on: %w", err)
 	}
-	n := copy(p, b.body)
-	b.body = b.body[n:]
-	return n, nil
+	return nil
 }
 
 // llamaStream writes a streamed answer the way llama-server does: its

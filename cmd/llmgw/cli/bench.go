@@ -128,7 +128,7 @@ with one request before any load is sent; an unreachable one ends the run.`,
 	f.StringVar(&opts.PinLoad, "pin-load", "", "CPUs (taskset list) for the benchmark's own process (load generator, embedded gateway, simulator); empty: unpinned")
 	f.StringVar(&opts.Engine, "engine", "", "simulated engine persona and the llmgw rule's kvEngineType: vllm, sglang, trtllm or llamacpp (empty: vllm)")
 	completeFlag(cmd, "engine", completeEngines())
-	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "with --engine llamacpp: the persona stalls answers on reused connections as llama-server does (~44 ms)")
+	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "with --engine llamacpp: the persona writes like llama-server (Nagle on, head and body apart): ~40 ms per answer on a reused connection for a client that delays its ACKs")
 	addOutputFlag(cmd, &opts.Format, outputTable) // table: the Markdown report
 	deprecatedFormatFlag(cmd, io, &opts.Format, map[string]string{"markdown": outputTable})
 	f.StringVar(&opts.JSONFile, "json", "", "also write the JSON report to this file")

@@ -109,7 +109,7 @@ Control endpoints on the HTTP address (none with --receipts=false):
 	f.BoolVar(&opts.Metrics, "metrics", false, "llama.cpp only: serve /metrics, as llama-server --metrics (without it: 501); other personas always serve it")
 	f.BoolVar(&opts.Slots, "slots", false, "llama.cpp only: serve /slots, as llama-server --slots (without it: 501)")
 	f.BoolVar(&opts.Embeddings, "embeddings", false, "llama.cpp only: embeddings mode, as llama-server --embeddings --pooling mean (completions answer 501)")
-	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "llama.cpp only: on a reused connection send a non-streamed answer's body 44ms after its head, as llama-server does")
+	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "llama.cpp only: write like llama-server (Nagle's algorithm on, a non-streamed answer's head and body in two writes), so a client that delays its ACKs waits ~40 ms for each answer on a reused connection")
 	return cmd
 }
 
