@@ -53,10 +53,15 @@ var relayBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return
 // clientWatchDelay is how long a request waits on its worker before the
 // client's connection is watched for a disconnect (peerwatch.WatchAfter):
 // an answer within it costs no watch (a goroutine, a peek and three
-// deadline changes: 4% of the gateway's CPU per request for a 1 KiB answer
-// from a local backend, BENCHMARKS.md), and a client that leaves is noticed
-// at most this much later, against generations that take far longer.
-const clientWatchDelay = time.Millisecond
+// deadline changes), and a client that leaves is noticed at most this much
+// later, against generations that take far longer. 5 ms rather than 1:
+// answers of a local backend under load take about a millisecond, so at
+// 1 ms about half of them paid for a watch; and the deferred watches'
+// shared timer then fires at most every 5 ms instead of every millisecond
+// while requests are in flight (measured: 4.0 → 2.0–2.9 context switches
+// per request at one request in flight, and 0.69x → 0.73–0.76x nginx's
+// throughput at 32 clients; BENCHMARKS.md, "Kept llama.cpp connections").
+const clientWatchDelay = 5 * time.Millisecond
 
 // dataReadBufferSize is the data plane's per-connection read buffer, which
 // is also the largest request header block it accepts (431 beyond).

@@ -227,3 +227,48 @@ func TestWatchTLS(t *testing.T) {
 		})
 	}
 }
+
+// TestDeferredShareOneQueue: deferred watches with different delays wait
+// in one queue under one timer; each starts when due (in any order of
+// adding), one that is not due is never started, and every watch stopped
+// leaves the queue.
+func TestDeferredShareOneQueue(t *testing.T) {
+	delays := []time.Duration{time.Hour, 2 * time.Millisecond, time.Nanosecond, 50 * time.Millisecond, time.Hour}
+	type watched struct {
+		w    *Watcher
+		gone chan struct{}
+	}
+	var ws []watched
+	for _, d := range delays {
+		client, server := pair(t)
+		gone := make(chan struct{}, 1)
+		ws = append(ws, watched{WatchAfter(server, func() { gone <- struct{}{} }, d), gone})
+		client.Close()
+	}
+	for i, d := range delays {
+		if d == time.Hour {
+			continue
+		}
+		select {
+		case <-ws[i].gone:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("watch %d (delay %v): the closed client was not reported", i, d)
+		}
+	}
+	for i, d := range delays {
+		if d == time.Hour {
+			select {
+			case <-ws[i].gone:
+				t.Errorf("watch %d (delay %v) started before it was due", i, d)
+			default:
+			}
+		}
+		ws[i].w.Stop()
+	}
+	deferred.mu.Lock()
+	left := len(deferred.q)
+	deferred.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d watches left in the queue after every Stop", left)
+	}
+}
