@@ -55,11 +55,11 @@ var relayBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return
 // an answer within it costs no watch (a goroutine, a peek and three
 // deadline changes), and a client that leaves is noticed at most this much
 // later, against generations that take far longer. 5 ms rather than 1:
-// answers of a local backend under load take about a millisecond, so at
-// 1 ms about half of them paid for a watch; and the deferred watches'
-// shared timer then fires at most every 5 ms instead of every millisecond
-// while requests are in flight (measured: 4.0 → 2.0–2.9 context switches
-// per request at one request in flight, and 0.69x → 0.73–0.76x nginx's
+// at 32 clients a local backend's answers take 1–1.5 ms on average (32 /
+// 21–33k req/s), so at 1 ms many of them paid for a watch; and the
+// deferred watches' shared timer then fires at most every 5 ms instead of
+// every millisecond while requests are in flight (measured: 4.0 → 2.0–2.9 context switches
+// per request at one request in flight, and 0.64–0.67x → 0.69–0.76x nginx's
 // throughput at 32 clients; BENCHMARKS.md, "Kept llama.cpp connections").
 const clientWatchDelay = 5 * time.Millisecond
 
