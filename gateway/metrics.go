@@ -20,6 +20,7 @@ type metrics struct {
 	rejected           *prometheus.CounterVec
 	retries            *prometheus.CounterVec
 	redials            *prometheus.CounterVec
+	oneShots           *prometheus.CounterVec
 	upstreamFailures   *prometheus.CounterVec
 	clientFault5xx     *prometheus.CounterVec
 	clientCancels      *prometheus.CounterVec
@@ -60,6 +61,9 @@ func newMetrics(s *Server) *metrics {
 		}, []string{"rule"}),
 		redials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_upstream_redials_total", Help: "Requests sent again on a new connection to the same endpoint because the pooled connection was found dead before anything was written to it (not charged to the endpoint).",
+		}, []string{"rule", "endpoint"}),
+		oneShots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_upstream_oneshot_requests_total", Help: "Requests sent on a one-shot connection (Connection: close) because every connection the gateway keeps to an engine with few serving threads (llama.cpp: half of them) was busy.",
 		}, []string{"rule", "endpoint"}),
 		upstreamFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_upstream_failures_total", Help: "Failed upstream sends by stage: not_sent (connect, DNS, TLS handshake, write failed or dead pooled connections: retried elsewhere) or after_send (the whole request was written: relayed as an error, never retried).",
@@ -134,7 +138,7 @@ func newMetrics(s *Server) *metrics {
 		Name: "llmgw_kv_parity_checks_total", Help: "Self-check of engine-reported cached tokens against the gateway's prediction, by outcome (agree, mismatch, neutral).",
 	}, []string{"rule", "outcome"})
 	reg.MustRegister(m.kvHits, m.kvMisses, m.kvMatched, m.kvParity, &kvCollector{s: s})
-	reg.MustRegister(m.requests, m.rejected, m.retries, m.redials, m.upstreamFailures, m.clientFault5xx, m.clientCancels, m.streamErrors,
+	reg.MustRegister(m.requests, m.rejected, m.retries, m.redials, m.oneShots, m.upstreamFailures, m.clientFault5xx, m.clientCancels, m.streamErrors,
 		m.breakerTransitions, m.probeTransitions, m.upstreamLatency, m.ttfb, m.overhead,
 		&liveCollector{s: s},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -300,7 +304,7 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 func (m *metrics) dropRule(rule string) {
 	l := prometheus.Labels{"rule": rule}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
-		m.requests, m.retries, m.redials, m.upstreamFailures, m.clientFault5xx, m.clientCancels, m.streamErrors,
+		m.requests, m.retries, m.redials, m.oneShots, m.upstreamFailures, m.clientFault5xx, m.clientCancels, m.streamErrors,
 		m.breakerTransitions, m.probeTransitions, m.upstreamLatency, m.ttfb, m.overhead, m.pdRequests, m.pdPrefillDuration, m.pdDecodeTTFT,
 		m.pdKVParams, m.pdEarlyExit, m.kvHits, m.kvMisses, m.kvMatched, m.kvParity,
 	} {

@@ -12,14 +12,19 @@ import (
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
 	"github.com/llmgw/llmgw/gateway/upstream"
+	"github.com/llmgw/llmgw/internal/wait"
 )
 
 // llamaPersonaRule starts the llama.cpp persona with the Nagle stall on and
 // a gateway with rule "r" (llama.cpp, probes off, extra settings) in front
 // of it.
-func llamaPersonaRule(t *testing.T, extra string) *Server {
+func llamaPersonaRule(t *testing.T, extra string, tune ...func(*sim.Config)) *Server {
 	t.Helper()
-	s, err := sim.Start(t.Context(), sim.Config{Engine: engines.LlamaCpp, Model: "m1", KVEvents: sim.KVEventsOff, NagleStall: true})
+	cfg := sim.Config{Engine: engines.LlamaCpp, Model: "m1", KVEvents: sim.KVEventsOff, NagleStall: true}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	s, err := sim.Start(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,4 +155,39 @@ func TestLlamaPersonaKeptConns(t *testing.T) {
 			t.Errorf("%d one-shot connections left open after the answers", n)
 		}
 	})
+}
+
+// TestLlamaPersonaOneShotOverflow: with every kept connection busy
+// (streams in flight), a request goes on a one-shot connection at once,
+// answers, and is counted.
+func TestLlamaPersonaOneShotOverflow(t *testing.T) {
+	gw := llamaPersonaRule(t, "", func(c *sim.Config) { c.DecodePerToken = 5 * time.Millisecond })
+	rt := gw.rules["r"]
+	kept := keptConns(rt.conn)
+	c := newClient(t)
+	url := "http://" + gw.Addr() + "/v1/chat/completions"
+	before := gw.metricValue(t, "llmgw_upstream_oneshot_requests_total", "r")
+	const long = `{"model":"m1","stream":true,"max_tokens":400,"messages":[{"role":"user","content":"hi"}]}`
+	errs := make(chan error, kept)
+	for range kept {
+		go func() {
+			resp, out, err := postErr(c, url, long)
+			if err == nil && resp.StatusCode != 200 {
+				err = fmt.Errorf("stream: status %d body %q", resp.StatusCode, out)
+			}
+			errs <- err
+		}()
+	}
+	wait.For(t, 10*time.Second, "every kept connection carrying a stream", func() bool { return rt.eps[0].InFlight() == int64(kept) && rt.clients[0].ConnsCount() == kept })
+	if resp, out := post(t, c, url, chatBody); resp.StatusCode != 200 {
+		t.Fatalf("request beside the streams: %d %q", resp.StatusCode, out)
+	}
+	if got := gw.metricValue(t, "llmgw_upstream_oneshot_requests_total", "r") - before; got != 1 {
+		t.Errorf("one-shot requests counted %v, want 1", got)
+	}
+	for range kept {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
 }

@@ -351,7 +351,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		watch := peerwatch.WatchAfter(ctx.Conn(), call.cancel, clientWatchDelay)
 		upStart := time.Now()
 		hc := rt.clients[ep.Index]
-		err = rt.do(hc, ep, req, resp)
+		err = s.sendUpstream(rt, hc, ep, req, resp)
 		if reusedNotSent(err) && !call.isCancelled() {
 			// The worker closed this pooled connection (or it hit the
 			// engine's limits) before the request was written: nothing was
@@ -361,7 +361,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 				hc.CloseIdleConnections()
 			}
 			s.metrics.redials.WithLabelValues(rt.rule.Name, ep.ID).Inc()
-			err = rt.do(hc, ep, req, resp)
+			err = s.sendUpstream(rt, hc, ep, req, resp)
 		}
 		upstreamCalls.del(req)
 		fasthttp.ReleaseRequest(req)
@@ -403,12 +403,13 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 	writeError(ctx, lastErr)
 }
 
-// do sends req to ep on a kept connection from hc; when the engine's
+// sendUpstream sends req to ep on a kept connection from hc; when the engine's
 // kept connections are all busy (fasthttp.ErrNoFreeConns: nothing was
 // sent), on a one-shot connection instead (keptConns).
-func (rt *ruleRuntime) do(hc *fasthttp.HostClient, ep *upstream.Endpoint, req *fasthttp.Request, resp *fasthttp.Response) error {
+func (s *Server) sendUpstream(rt *ruleRuntime, hc *fasthttp.HostClient, ep *upstream.Endpoint, req *fasthttp.Request, resp *fasthttp.Response) error {
 	err := hc.Do(req, resp)
 	if rt.oneShot != nil && errors.Is(err, fasthttp.ErrNoFreeConns) {
+		s.metrics.oneShots.WithLabelValues(rt.rule.Name, ep.ID).Inc()
 		req.SetConnectionClose()
 		err = rt.oneShot[ep.Index].Do(req, resp)
 		req.Header.ResetConnectionClose()
