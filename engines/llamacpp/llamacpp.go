@@ -153,5 +153,10 @@ const CapturedBuildInfo = "b0-unknown"
 // answer, 20 samples each (transport.json,
 // latency_reused_vs_new_connection). A streamed answer on a reused
 // connection is not delayed (checked against the same build: head at
-// 0.4 ms, first chunks at 2.2 ms).
+// 0.4 ms, first chunks at 2.2 ms). It is Linux's delayed-ACK timer
+// (40 ms minimum) meeting Nagle's algorithm on the server's socket
+// (cpp-httplib's CPPHTTPLIB_TCP_NODELAY defaults to false) and two writes
+// per answer (head, then body: write_response_core), so a client that
+// acknowledges at once does not see it; the simulator's persona
+// reproduces the mechanism, not this figure.
 const ReusedConnStall = 44 * time.Millisecond
