@@ -58,9 +58,10 @@ var relayBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return
 // at 32 clients a local backend's answers take 1–1.5 ms on average (32 /
 // 21–33k req/s), so at 1 ms many of them paid for a watch; and the
 // deferred watches' shared timer then fires at most every 5 ms instead of
-// every millisecond while requests are in flight (measured: 4.0 → 2.0–2.9 context switches
-// per request at one request in flight, and 0.64–0.67x → 0.69–0.76x nginx's
-// throughput at 32 clients; BENCHMARKS.md, "Kept llama.cpp connections").
+// every millisecond while requests are in flight (measured: 4.0 → 2.0–2.9
+// context switches per request at one request in flight, and 0.64–0.67x →
+// 0.69–0.76x nginx's throughput at 32 clients; BENCHMARKS.md, "Kept
+// llama.cpp connections").
 const clientWatchDelay = 5 * time.Millisecond
 
 // dataReadBufferSize is the data plane's per-connection read buffer, which

@@ -262,12 +262,15 @@ func (rt *ruleRuntime) conversationHash(ctx *fasthttp.RequestCtx) (uint64, bool)
 // is not reused past the engine's request limit, and every reuse first
 // checks that the worker has not closed it (upConn). fasthttp itself never
 // retries: forward decides what may be sent again.
-// hostClient is the shared connection pool to addr for these settings.
-// With oneShot it keeps no connection: every request it sends carries
-// Connection: close (the caller sets it). Otherwise it keeps at most
-// keptConns(pol) connections when the engine serves a limited number
+//
+// With oneShot the pool keeps no connection: every request it sends
+// carries Connection: close (the caller sets it). Otherwise it keeps at
+// most keptConns(pol) connections when the engine serves a limited number
 // (and answers ErrNoFreeConns at once, nothing sent, when all are busy),
-// else up to 8192.
+// else up to 8192. Answers are quick-acknowledged (connOpts.quickAck) on
+// kept connections of an engine with ReusedConnStall; a one-shot
+// connection's single answer arrives while the kernel still acknowledges
+// a new connection's data at once, so it needs no extra system call.
 func (s *Server) hostClient(addr string, t rule.TimeoutsConfig, tlsCfg *tls.Config, tlsID string, pol engines.ConnPolicy, oneShot bool) *fasthttp.HostClient {
 	key := clientKey{addr: addr, connect: t.Connect.Std(), firstByte: t.FirstByte.Std(), idle: t.Idle.Std(), tls: tlsID, conn: pol, oneShot: oneShot}
 	s.clientsMu.Lock()
@@ -275,7 +278,7 @@ func (s *Server) hostClient(addr string, t rule.TimeoutsConfig, tlsCfg *tls.Conf
 	if hc := s.clients[key]; hc != nil {
 		return hc
 	}
-	o := &connOpts{connect: key.connect, idle: key.idle, maxIdle: poolIdle(pol.IdleTimeout), maxRequests: pol.MaxRequestsPerConn, quickAck: pol.ReusedConnStall, tls: tlsCfg}
+	o := &connOpts{connect: key.connect, idle: key.idle, maxIdle: poolIdle(pol.IdleTimeout), maxRequests: pol.MaxRequestsPerConn, quickAck: pol.ReusedConnStall && !oneShot, tls: tlsCfg}
 	maxConns := 8192
 	if n := keptConns(pol); n > 0 && !oneShot {
 		maxConns, o.maxIdle = n, min(o.maxIdle, keptIdle)

@@ -63,8 +63,8 @@ type connOpts struct {
 	// maxRequests: a connection that has carried this many requests is not
 	// reused (0: no limit).
 	maxRequests int
-	// quickAck: after writing each request, take the connection out of
-	// delayed-ACK mode (rawio.QuickAck) so the engine's answer is not
+	// quickAck: after writing each request, before reading its answer,
+	// take the connection out of delayed-ACK mode (rawio.QuickAck) so the engine's answer is not
 	// held by Nagle's algorithm waiting for our ACK of its head
 	// (ConnPolicy.ReusedConnStall).
 	quickAck bool

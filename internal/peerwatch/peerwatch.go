@@ -35,10 +35,10 @@ type Watcher struct {
 	done chan struct{}
 	peek peeker
 
-	// A deferred watch (WatchAfter) waits in deferred until due, then
+	// A deferred watch (WatchAfter) waits in pending until due, then
 	// starts; mu orders its start against Stop.
 	due      time.Duration // since epoch
-	idx      int           // index in deferred's heap; -1 once out of it
+	idx      int           // index in pending's heap; -1 once out of it
 	mu       sync.Mutex
 	deferred bool // this watch starts when due
 	started  bool // the peek is running (or about to): Stop must wake it
@@ -84,7 +84,7 @@ func WatchAfter(conn net.Conn, gone func(), delay time.Duration) *Watcher {
 	w.raw, w.tls, w.rc, w.gone = raw, isTLS, rc, gone
 	w.started, w.stopped, w.deferred = false, false, delay > 0
 	if delay > 0 {
-		deferred.add(w, delay)
+		pending.add(w, delay)
 		return w
 	}
 	if !w.arm() {
@@ -127,7 +127,7 @@ func (w *Watcher) run() {
 func (w *Watcher) Stop() {
 	switch {
 	case w.raw == nil:
-	case w.deferred && deferred.remove(w):
+	case w.deferred && pending.remove(w):
 		// Stopped before it started: nothing ran, nothing to undo.
 	case w.deferred:
 		// It was due: its goroutine is starting or watching.
@@ -153,7 +153,7 @@ func (w *Watcher) Stop() {
 	pool.Put(w)
 }
 
-// deferred holds the deferred watches that are not due yet, earliest
+// pending holds the deferred watches that are not due yet, earliest
 // first, under one runtime timer set for the earliest. Why one timer: a
 // timer of its own per watch costs every request a timer insertion, and
 // inserting a timer earlier than any other on the P wakes the thread
@@ -163,7 +163,7 @@ func (w *Watcher) Stop() {
 // connections"). Here the timer is set only when a watch is due before
 // the one it is set for (with one delay for all, only when the queue was
 // empty), and a watch stopped in time only leaves the queue.
-var deferred deferrals
+var pending deferrals
 
 // epoch is the origin of Watcher.due (monotonic clock).
 var epoch = time.Now()

@@ -265,9 +265,9 @@ func TestDeferredShareOneQueue(t *testing.T) {
 		}
 		ws[i].w.Stop()
 	}
-	deferred.mu.Lock()
-	left := len(deferred.q)
-	deferred.mu.Unlock()
+	pending.mu.Lock()
+	left := len(pending.q)
+	pending.mu.Unlock()
 	if left != 0 {
 		t.Fatalf("%d watches left in the queue after every Stop", left)
 	}
