@@ -198,9 +198,12 @@ func (s *Server) servePD(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 	id := string(requestID(ctx, st))
 	ctx.Response.Header.Set("X-Request-Id", id)
 	r := &pdRequest{s: s, rt: rt, pd: rt.pd, ctx: ctx, body: body, path: string(ctx.Path()), hdr: http.Header{}, stream: stream, id: id, start: start, v: v, kind: kind}
+	// The legs get the client's headers as forward sends them (no
+	// connection-scoped ones), less those each leg sets itself.
+	conn := ctx.Request.Header.Peek(fasthttp.HeaderConnection)
+	named := namesHeaders(conn)
 	for k, v := range ctx.Request.Header.All() {
-		switch strings.ToLower(string(k)) {
-		case "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "proxy-authorization", "x-request-id":
+		if isHopHeader(k) || named && connectionNames(conn, k) || bytes.EqualFold(k, hdrRequestID) || bytes.EqualFold(k, hdrHost) || bytes.EqualFold(k, hdrContentLength) {
 			continue
 		}
 		r.hdr.Add(string(k), string(v))

@@ -301,3 +301,43 @@ func TestPDLegPoolIdleBelowEngineKeepAlive(t *testing.T) {
 		})
 	}
 }
+
+// TestPDLegHeaders: both legs get the client's end-to-end headers and none
+// of its connection-scoped ones (the fixed list and those its Connection
+// header names), as a plain rule's worker does.
+func TestPDLegHeaders(t *testing.T) {
+	const prefillOK = `{"id":"x","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":"length"}]}`
+	seen := make(chan http.Header, 4)
+	record := func(w http.ResponseWriter, r *http.Request) bool {
+		seen <- r.Header.Clone()
+		return answer(200, prefillOK)(w, r)
+	}
+	p, d := newPDScripted(t, record), newPDScripted(t, record)
+	ph, pp := hostPort(t, p.addr)
+	dh, dp := hostPort(t, d.addr)
+	s := startGateway(t, "", nil)
+	mustApply(t, s, fmt.Sprintf("name: pd\nmodel_name: m\nkvEngineType: vllm\npd_disagg_mode: true\nprobe: {disabled: true}\nendpoints:\n"+
+		"  - {id: p1, endpointIP: %s, targetPort: %d, ep_role: 1}\n  - {id: d1, endpointIP: %s, targetPort: %d, ep_role: 2}\n", ph, pp, dh, dp))
+	head := "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nConnection: keep-alive, X-Secret\r\nX-Secret: s3cret\r\n" +
+		"Proxy-Authenticate: Basic\r\nProxy-Authorization: Basic eA==\r\nKeep-Alive: timeout=5\r\nUpgrade: h2c\r\nX-Kept: yes\r\nAuthorization: Bearer k\r\n"
+	resp, data, err := rawRequest(t, s.Addr(), head, `{"model":"m","prompt":"x","max_tokens":2}`)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("status %v err %v body %s", resp, err, data)
+	}
+	for _, leg := range []string{"prefill", "decode"} {
+		var h http.Header
+		select {
+		case h = <-seen:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the %s leg never arrived", leg)
+		}
+		for _, name := range []string{"X-Secret", "Proxy-Authenticate", "Proxy-Authorization", "Keep-Alive", "Upgrade"} {
+			if v := h.Get(name); v != "" {
+				t.Errorf("a leg got %s %q; it is connection-scoped", name, v)
+			}
+		}
+		if h.Get("X-Kept") != "yes" || h.Get("Authorization") != "Bearer k" {
+			t.Errorf("a leg lost an end-to-end header: %v", h)
+		}
+	}
+}

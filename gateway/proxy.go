@@ -25,11 +25,14 @@ var (
 	pathCompletions = []byte("/v1/completions")
 	pathModels      = []byte("/v1/models")
 
-	hdrRequestID  = []byte("X-Request-Id")
-	ctEventStream = []byte("text/event-stream")
-	doneMarker    = []byte("data: [DONE]")
+	hdrRequestID     = []byte("X-Request-Id")
+	hdrHost          = []byte("Host")
+	hdrContentLength = []byte("Content-Length")
+	ctEventStream    = []byte("text/event-stream")
+	doneMarker       = []byte("data: [DONE]")
 
-	// hopHeaders are connection-scoped (RFC 9110 §7.6.1) and never forwarded.
+	// hopHeaders are connection-scoped (RFC 9110 §7.6.1) and never
+	// forwarded, in either direction (isHopHeader).
 	hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "TE", "Trailer", "Transfer-Encoding", "Upgrade"}
 )
 
@@ -327,8 +330,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		ep := d.Endpoint
 		release := ep.Acquire()
 		req := fasthttp.AcquireRequest()
-		ctx.Request.Header.CopyTo(&req.Header)
-		stripHopHeaders(&ctx.Request.Header, &req.Header)
+		copyRequestHeaders(&req.Header, &ctx.Request.Header)
 		if uri := ctx.Request.Header.RequestURI(); len(uri) > 0 && uri[0] != '/' {
 			// Absolute form (POST http://host/v1/...): fasthttp would take
 			// the Host from the URI; the worker gets origin form.
@@ -517,14 +519,7 @@ func isTimeout(err error) bool {
 func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.Endpoint, route string, resp *fasthttp.Response, body *upstreamBody, watch *peerwatch.Watcher, release func(), start, upStart time.Time, obs *kvObservation) {
 	status := resp.StatusCode()
 	ctx.Response.Header.SetStatusCode(status)
-	for k, v := range resp.Header.All() {
-		// The gateway owns X-Request-Id (already set, the same value the
-		// worker was sent); copying a worker's echo would duplicate it.
-		if !bytes.EqualFold(k, hdrRequestID) {
-			ctx.Response.Header.AddBytesKV(k, v)
-		}
-	}
-	stripHopHeaders(&resp.Header, &ctx.Response.Header)
+	copyAnswerHeaders(&ctx.Response.Header, &resp.Header)
 	ctx.Response.Header.SetContentTypeBytes(resp.Header.ContentType())
 	ctx.Response.Header.Set("X-Llmgw-Endpoint", ep.ID)
 	ctx.Response.Header.Set("X-Llmgw-Route", route)
@@ -724,30 +719,6 @@ func (s *Server) clientLeft(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstr
 	writeError(ctx, errClientGone)
 }
 
-// stripHopHeaders deletes from dst the connection-scoped headers of src:
-// the fixed list and every header src's Connection header names (RFC 9110
-// §7.6.1).
-func stripHopHeaders(src, dst interface {
-	Peek(string) []byte
-	Del(string)
-}) {
-	for rest := src.Peek("Connection"); len(rest) > 0; {
-		tok := rest
-		if i := bytes.IndexByte(rest, ','); i >= 0 {
-			tok, rest = rest[:i], rest[i+1:]
-		} else {
-			rest = nil
-		}
-		tok = bytes.TrimSpace(tok)
-		if len(tok) > 0 && !bytes.EqualFold(tok, strClose) && !bytes.EqualFold(tok, strKeepAlive) {
-			dst.Del(string(tok))
-		}
-	}
-	for _, h := range hopHeaders {
-		dst.Del(h)
-	}
-}
-
 var (
 	strClose     = []byte("close")
 	strKeepAlive = []byte("keep-alive")
@@ -874,4 +845,95 @@ func (s *Server) serveForm(ctx *fasthttp.RequestCtx, key string) {
 	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(ctx)
 	st.preq.Session = rt.sessionValue(ctx, nil)
 	s.forward(ctx, rt, st, f.Stream, start, nil)
+}
+
+// copyRequestHeaders gives dst, the worker's request, the client's headers
+// in src except the connection-scoped ones (isHopHeader, and every header
+// src's Connection header names: RFC 9110 §7.6.1). A request that carries
+// none costs one pass over its header names: only a header that is there
+// is deleted.
+func copyRequestHeaders(dst, src *fasthttp.RequestHeader) {
+	src.CopyTo(dst)
+	conn := src.Peek(fasthttp.HeaderConnection)
+	named := namesHeaders(conn)
+	for k := range src.All() {
+		if isHopHeader(k) || named && connectionNames(conn, k) {
+			dst.DelBytes(k)
+		}
+	}
+}
+
+// copyAnswerHeaders adds to dst, the client's response, the worker's
+// headers in src except the connection-scoped ones (as copyRequestHeaders)
+// and X-Request-Id: the gateway owns it (already set, the same value the
+// worker was sent), and copying a worker's echo would duplicate it.
+// Nothing is added to be deleted again.
+func copyAnswerHeaders(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
+	conn := src.Peek(fasthttp.HeaderConnection)
+	named := namesHeaders(conn)
+	for k, v := range src.All() {
+		if isHopHeader(k) || bytes.EqualFold(k, hdrRequestID) || named && connectionNames(conn, k) {
+			continue
+		}
+		dst.AddBytesKV(k, v)
+	}
+}
+
+// hopByLen holds hopHeaders by length, so that isHopHeader compares a name
+// with at most three of them.
+var hopByLen = func() (t [20][][]byte) {
+	for _, h := range hopHeaders {
+		t[len(h)] = append(t[len(h)], []byte(h))
+	}
+	return t
+}()
+
+// isHopHeader reports whether k names a connection-scoped header of the
+// fixed list (hopHeaders), in any case.
+func isHopHeader(k []byte) bool {
+	if len(k) >= len(hopByLen) {
+		return false
+	}
+	for _, h := range hopByLen[len(k)] {
+		if bytes.EqualFold(k, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// namesHeaders reports whether a Connection header value names any header
+// (a token other than close and keep-alive).
+func namesHeaders(conn []byte) bool {
+	found := false
+	connectionTokens(conn, func([]byte) bool { found = true; return false })
+	return found
+}
+
+// connectionNames reports whether the Connection header value conn names
+// header k.
+func connectionNames(conn, k []byte) bool {
+	found := false
+	connectionTokens(conn, func(tok []byte) bool {
+		found = bytes.EqualFold(tok, k)
+		return !found
+	})
+	return found
+}
+
+// connectionTokens calls f with each token of the Connection header value
+// conn other than close and keep-alive, until f returns false.
+func connectionTokens(conn []byte, f func(tok []byte) bool) {
+	for rest := conn; len(rest) > 0; {
+		tok := rest
+		if i := bytes.IndexByte(rest, ','); i >= 0 {
+			tok, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		tok = bytes.TrimSpace(tok)
+		if len(tok) > 0 && !bytes.EqualFold(tok, strClose) && !bytes.EqualFold(tok, strKeepAlive) && !f(tok) {
+			return
+		}
+	}
 }

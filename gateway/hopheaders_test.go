@@ -1,0 +1,152 @@
+package gateway
+
+import (
+	"bufio"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// parseClientRequest parses raw as the data plane's server does
+// (header names normalized).
+func parseClientRequest(t testing.TB, raw string) *fasthttp.RequestHeader {
+	t.Helper()
+	var h fasthttp.RequestHeader
+	if err := h.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		t.Fatalf("parse request %q: %v", raw, err)
+	}
+	return &h
+}
+
+// parseWorkerAnswer parses raw as the gateway's upstream client does
+// (HostClient.DisableHeaderNamesNormalizing: names as the worker sent
+// them).
+func parseWorkerAnswer(t testing.TB, raw string) *fasthttp.ResponseHeader {
+	t.Helper()
+	var h fasthttp.ResponseHeader
+	h.DisableNormalizing()
+	if err := h.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		t.Fatalf("parse answer %q: %v", raw, err)
+	}
+	return &h
+}
+
+// headerLines lists h's headers as lower-case "name: value" lines, sorted,
+// with Connection: close shown when the header says the connection closes.
+func headerLines(all func(yield func([]byte, []byte) bool), connClose bool) []string {
+	var out []string
+	sawConn := false
+	for k, v := range all {
+		name := strings.ToLower(string(k))
+		sawConn = sawConn || name == "connection"
+		out = append(out, name+": "+string(v))
+	}
+	if connClose && !sawConn {
+		out = append(out, "connection: close")
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestCopyRequestHeaders(t *testing.T) {
+	cases := []struct {
+		name string
+		in   string // header lines after the request line
+		want []string
+	}{
+		{"plain", "Host: gw\r\nContent-Type: application/json\r\nContent-Length: 2\r\nAuthorization: Bearer k\r\nAccept: */*\r\n",
+			[]string{"accept: */*", "authorization: Bearer k", "content-length: 2", "content-type: application/json", "host: gw"}},
+		{"every hop header, any case", "Host: gw\r\nconnection: keep-alive\r\nKEEP-ALIVE: timeout=5\r\nProxy-Authenticate: Basic\r\nproxy-authorization: Basic x\r\nProxy-Connection: keep-alive\r\nte: trailers\r\nUpgrade: h2c\r\nX-Kept: 1\r\n",
+			[]string{"host: gw", "x-kept: 1"}},
+		{"connection close", "Host: gw\r\nConnection: close\r\nX-Kept: 1\r\n",
+			[]string{"host: gw", "x-kept: 1"}},
+		{"headers named by Connection", "Host: gw\r\nConnection: keep-alive, X-Secret ,x-other\r\nX-Secret: s\r\nX-Other: o\r\nX-Kept: 1\r\n",
+			[]string{"host: gw", "x-kept: 1"}},
+		{"close and a named header", "Host: gw\r\nConnection: close, X-Secret\r\nX-Secret: s\r\nX-Kept: 1\r\n",
+			[]string{"host: gw", "x-kept: 1"}},
+		{"repeated headers kept", "Host: gw\r\nX-Multi: a\r\nX-Multi: b\r\n",
+			[]string{"host: gw", "x-multi: a", "x-multi: b"}},
+		{"look-alike names kept", "Host: gw\r\nTEA: green\r\nConnections: 3\r\nX-Upgrade: no\r\n",
+			[]string{"connections: 3", "host: gw", "tea: green", "x-upgrade: no"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := parseClientRequest(t, "POST /v1/chat/completions HTTP/1.1\r\n"+tc.in+"\r\n")
+			var dst fasthttp.RequestHeader
+			copyRequestHeaders(&dst, src)
+			got := headerLines(dst.All(), dst.ConnectionClose())
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("worker's request headers:\n got %q\nwant %q", got, tc.want)
+			}
+			if string(dst.Method()) != "POST" || string(dst.RequestURI()) != "/v1/chat/completions" {
+				t.Errorf("request line: %s %s", dst.Method(), dst.RequestURI())
+			}
+		})
+	}
+}
+
+func TestCopyAnswerHeaders(t *testing.T) {
+	cases := []struct {
+		name string
+		in   string
+		want []string
+	}{
+		// Date is the gateway's own (fasthttp writes it).
+		{"uvicorn", "date: Tue, 01 Dec 2026 20:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 2\r\ncontent-type: application/json\r\n",
+			[]string{"content-length: 2", "content-type: application/json", "server: uvicorn"}},
+		{"llama.cpp keep-alive", "Keep-Alive: timeout=5, max=100\r\nContent-Type: application/json; charset=utf-8\r\nServer: llama.cpp\r\nContent-Length: 2\r\n",
+			[]string{"content-length: 2", "content-type: application/json; charset=utf-8", "server: llama.cpp"}},
+		{"connection close", "Connection: close\r\nContent-Type: application/json\r\nContent-Length: 2\r\nX-Kept: 1\r\n",
+			[]string{"content-length: 2", "content-type: application/json", "x-kept: 1"}},
+		{"every hop header, any case", "Content-Type: application/json\r\nContent-Length: 2\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\nPROXY-AUTHENTICATE: Basic\r\nProxy-Authorization: x\r\nproxy-connection: close\r\nTE: trailers\r\nupgrade: websocket\r\nX-Kept: 1\r\n",
+			[]string{"content-length: 2", "content-type: application/json", "x-kept: 1"}},
+		{"headers named by Connection", "Content-Type: application/json\r\nContent-Length: 2\r\nConnection: x-a, X-B\r\nx-a: 1\r\nX-B: 2\r\nX-Kept: 1\r\n",
+			[]string{"content-length: 2", "content-type: application/json", "x-kept: 1"}},
+		{"worker's request id dropped", "Content-Type: application/json\r\nContent-Length: 2\r\nx-request-id: worker-echo\r\nX-Kept: 1\r\n",
+			[]string{"content-length: 2", "content-type: application/json", "x-kept: 1"}},
+		{"repeated and look-alike kept", "Content-Type: application/json\r\nContent-Length: 2\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nX-Keep-Alive-Hint: 1\r\n",
+			[]string{"content-length: 2", "content-type: application/json", "set-cookie: a=1", "set-cookie: b=2", "x-keep-alive-hint: 1"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := parseWorkerAnswer(t, "HTTP/1.1 200 OK\r\n"+tc.in+"\r\n")
+			var dst fasthttp.ResponseHeader
+			dst.SetNoDefaultContentType(true) // as the data plane's server (NoDefaultContentType)
+			copyAnswerHeaders(&dst, src)
+			got := headerLines(dst.All(), dst.ConnectionClose())
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("client's answer headers:\n got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// The header work of one proxied request: the worker's request from the
+// client's, the client's answer from the worker's. Typical headers: an
+// OpenAI SDK's request, a vLLM (uvicorn) answer.
+var (
+	benchClientRequest = "POST /v1/chat/completions HTTP/1.1\r\nHost: gw:8080\r\nAccept-Encoding: gzip, deflate\r\nConnection: keep-alive\r\nAccept: application/json\r\nContent-Type: application/json\r\nUser-Agent: OpenAI/Python 1.59.6\r\nX-Stainless-Lang: python\r\nX-Stainless-Package-Version: 1.59.6\r\nAuthorization: Bearer sk-123\r\nContent-Length: 300\r\n\r\n"
+	benchWorkerAnswer  = "HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 20:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 1024\r\ncontent-type: application/json\r\n\r\n"
+)
+
+func BenchmarkCopyRequestHeaders(b *testing.B) {
+	src := parseClientRequest(b, benchClientRequest)
+	var dst fasthttp.RequestHeader
+	b.ReportAllocs()
+	for b.Loop() {
+		dst.Reset()
+		copyRequestHeaders(&dst, src)
+	}
+}
+
+func BenchmarkCopyAnswerHeaders(b *testing.B) {
+	src := parseWorkerAnswer(b, benchWorkerAnswer)
+	var dst fasthttp.ResponseHeader
+	b.ReportAllocs()
+	for b.Loop() {
+		dst.Reset()
+		copyAnswerHeaders(&dst, src)
+	}
+}
