@@ -57,15 +57,17 @@ var relayBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return
 // client's connection is watched for a disconnect (peerwatch.WatchAfter):
 // an answer within it costs no watch (a goroutine, a peek and three
 // deadline changes), and a client that leaves is noticed at most this much
-// later, against generations that take far longer. 5 ms rather than 1:
-// at 32 clients a local backend's answers take 1–1.5 ms on average (32 /
-// 21–33k req/s), so at 1 ms many of them paid for a watch; and the
-// deferred watches' shared timer then fires at most every 5 ms instead of
-// every millisecond while requests are in flight (measured: 4.0 → 2.0–2.9
-// context switches per request at one request in flight, and 0.64–0.67x →
-// 0.69–0.76x nginx's throughput at 32 clients; BENCHMARKS.md, "Kept
-// llama.cpp connections").
-const clientWatchDelay = 5 * time.Millisecond
+// later, against generations that take far longer (the engine computes at
+// most 50 ms more for a client that left). 50 ms rather than 5: every
+// watch that starts, and every firing of the one timer the deferred watches
+// share (at most once per delay while requests are in flight), wakes
+// another thread of the runtime. Measured at one request in flight
+// (2026-12-01, three alternating rounds, perf stat on the serve process;
+// BENCHMARKS.md, "Client-disconnect watch after 50 ms"): futex calls per
+// request 0.19-0.22 -> 0.02-0.03 in front of the fixed backend, 0.45-0.55
+// -> 0.09-0.12 in front of the stalling llama.cpp persona, context
+// switches per request 2.16-2.18 -> 1.98-2.00 and 2.54-2.62 -> 2.11-2.15.
+const clientWatchDelay = 50 * time.Millisecond
 
 // dataReadBufferSize is the data plane's per-connection read buffer, which
 // is also the largest request header block it accepts (431 beyond).
