@@ -108,7 +108,7 @@ func dial(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
 	}
 	fc := &fileConn{f: f, local: local, remote: net.TCPAddrFromAddrPort(ap)}
 	fc.io.rc = rc
-	fc.io.init()
+	fc.io.init(f.SetWriteDeadline)
 	return fc, nil
 }
 

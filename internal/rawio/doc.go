@@ -17,6 +17,11 @@
 // job (syscall.RawConn), so deadlines, Close and the poller's wake-ups work
 // exactly as on a *net.TCPConn.
 //
+// Write deadlines are held back from the poller until a write has to wait
+// (writeDeadline): a write the socket takes at once succeeds even past its
+// deadline, and the per-request timer changes of a proxy whose writes never
+// wait are saved.
+//
 // What is lost: libraries that type-switch on *net.TCPConn no longer see
 // one. fasthttp sends a response larger than its write buffer as one
 // writev(2) only to a *net.TCPConn; here it is two writes, as on TLS.

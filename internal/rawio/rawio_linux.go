@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -31,9 +32,72 @@ type rw struct {
 	writeFn func(uintptr) bool
 	qerr    syscall.Errno
 	quickFn func(uintptr)
+
+	wd writeDeadline
 }
 
-func (r *rw) init() {
+// writeDeadline holds a connection's write deadline back from the runtime
+// poller until a write has to wait. A deadline only bounds waiting for the
+// socket to take bytes, and a proxy's writes almost never wait (the
+// kernel's send buffer takes a whole answer), so arming the poller's timer
+// for each one is pure cost: two or three timer changes per request
+// (fasthttp's per-request write timeouts, the gateway's per-answer one and
+// its clearing), each of which may wake the thread sleeping in the poller.
+//
+// The contract differs from net.TCPConn's in one way: a write that the
+// socket takes at once succeeds even after its deadline has passed. A
+// write that waits fails with os.ErrDeadlineExceeded at the deadline, as
+// on a TCPConn, and a deadline set while a write waits takes effect at
+// once. Once the poller holds a deadline (a write waited), every change
+// is passed on until the deadline is cleared.
+type writeDeadline struct {
+	mu      sync.Mutex
+	t       time.Time               // the deadline set; zero: none
+	armed   bool                    // the poller holds t
+	waiting bool                    // a write is waiting for the socket
+	set     func(t time.Time) error // the poller's SetWriteDeadline
+	waited  bool                    // this write waited (the writer's own)
+}
+
+// setDeadline records t, and passes it on when the poller holds a deadline
+// or a write is waiting.
+func (w *writeDeadline) setDeadline(t time.Time) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t = t
+	if !w.armed && !w.waiting {
+		return nil
+	}
+	w.armed = !t.IsZero()
+	return w.set(t)
+}
+
+// wait is called by a write about to wait for the socket: the poller gets
+// the deadline before the wait starts.
+func (w *writeDeadline) wait() {
+	w.mu.Lock()
+	w.waiting, w.waited = true, true
+	if !w.armed && !w.t.IsZero() {
+		// An error means the descriptor is closing: the wait reports it.
+		_ = w.set(w.t)
+		w.armed = true
+	}
+	w.mu.Unlock()
+}
+
+// done ends a write's waiting.
+func (w *writeDeadline) done() {
+	if !w.waited {
+		return
+	}
+	w.waited = false
+	w.mu.Lock()
+	w.waiting = false
+	w.mu.Unlock()
+}
+
+func (r *rw) init(setWriteDeadline func(time.Time) error) {
+	r.wd.set = setWriteDeadline
 	r.readFn = r.doRead
 	r.writeFn = r.doWrite
 	r.quickFn = r.doQuickAck
@@ -69,6 +133,7 @@ func (r *rw) doWrite(fd uintptr) bool {
 			r.wn += int(n)
 		case syscall.EINTR:
 		case syscall.EAGAIN:
+			r.wd.wait()
 			return false
 		default:
 			r.werr = e
@@ -103,6 +168,7 @@ func (r *rw) read(p []byte) (int, error) {
 func (r *rw) write(p []byte) (int, error) {
 	r.wbuf, r.wn, r.werr = p, 0, 0
 	err := r.rc.Write(r.writeFn)
+	r.wd.done()
 	n := r.wn
 	r.wbuf = nil
 	if err == nil && r.werr != 0 {
@@ -119,10 +185,11 @@ func opError(op string, local, remote net.Addr, err error) error {
 }
 
 // Conn is a *net.TCPConn whose Read and Write issue read(2) and write(2) as
-// raw system calls on the non-blocking socket. Deadlines, Close, addresses
-// and SyscallConn are the TCPConn's own, and waiting for readiness is still
-// the runtime poller's, so a deadline ends a wait exactly as it does on the
-// TCPConn.
+// raw system calls on the non-blocking socket. The read deadline, Close,
+// addresses and SyscallConn are the TCPConn's own, and waiting for
+// readiness is still the runtime poller's, so a deadline ends a wait
+// exactly as it does on the TCPConn; the write deadline reaches the poller
+// only when a write waits (writeDeadline).
 type Conn struct {
 	*net.TCPConn
 	io rw
@@ -140,8 +207,21 @@ func Wrap(c net.Conn) net.Conn {
 	}
 	w := &Conn{TCPConn: tc}
 	w.io.rc = rc
-	w.io.init()
+	w.io.init(tc.SetWriteDeadline)
 	return w
+}
+
+// SetWriteDeadline sets the deadline for writes that wait (see
+// writeDeadline: a write the socket takes at once is not failed by it).
+func (c *Conn) SetWriteDeadline(t time.Time) error { return c.io.wd.setDeadline(t) }
+
+// SetDeadline sets the read deadline as a TCPConn does and the write
+// deadline as SetWriteDeadline.
+func (c *Conn) SetDeadline(t time.Time) error {
+	if err := c.TCPConn.SetReadDeadline(t); err != nil {
+		return err
+	}
+	return c.io.wd.setDeadline(t)
 }
 
 // Read reads like net.TCPConn.Read.
@@ -163,7 +243,8 @@ func (c *Conn) Write(p []byte) (int, error) {
 }
 
 // fileConn is a TCP connection DialTCP opened: an *os.File the poller
-// watches, read and written raw. Deadlines are the File's.
+// watches, read and written raw. Deadlines are the File's, the write
+// deadline passed on only when a write waits (writeDeadline).
 type fileConn struct {
 	f             *os.File
 	io            rw
@@ -224,11 +305,21 @@ func (c *fileConn) CloseWrite() error {
 	return nil
 }
 
-func (c *fileConn) LocalAddr() net.Addr                { return c.local }
-func (c *fileConn) RemoteAddr() net.Addr               { return c.remote }
-func (c *fileConn) SetDeadline(t time.Time) error      { return c.f.SetDeadline(t) }
-func (c *fileConn) SetReadDeadline(t time.Time) error  { return c.f.SetReadDeadline(t) }
-func (c *fileConn) SetWriteDeadline(t time.Time) error { return c.f.SetWriteDeadline(t) }
+func (c *fileConn) LocalAddr() net.Addr               { return c.local }
+func (c *fileConn) RemoteAddr() net.Addr              { return c.remote }
+func (c *fileConn) SetReadDeadline(t time.Time) error { return c.f.SetReadDeadline(t) }
+
+// SetWriteDeadline sets the deadline for writes that wait (see
+// writeDeadline: a write the socket takes at once is not failed by it).
+func (c *fileConn) SetWriteDeadline(t time.Time) error { return c.io.wd.setDeadline(t) }
+
+// SetDeadline is SetReadDeadline and SetWriteDeadline.
+func (c *fileConn) SetDeadline(t time.Time) error {
+	if err := c.f.SetReadDeadline(t); err != nil {
+		return err
+	}
+	return c.io.wd.setDeadline(t)
+}
 
 // SyscallConn is the socket's raw connection (the gateway's peek before
 // reuse, the disconnect watch).

@@ -17,7 +17,19 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmgw/llmgw/internal/testnet"
+	"github.com/llmgw/llmgw/internal/wait"
 )
+
+// ioOf is the raw machinery of either kind of connection.
+func ioOf(c net.Conn) *rw {
+	switch c := c.(type) {
+	case *Conn:
+		return &c.io
+	case *fileConn:
+		return &c.io
+	}
+	panic("not a rawio connection")
+}
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
@@ -39,7 +51,7 @@ var kinds = []struct {
 
 // listen is a loopback listener and its one accepted connection (the
 // channel is closed when Accept fails).
-func listen(t *testing.T) (net.Listener, <-chan net.Conn) {
+func listen(t testing.TB) (net.Listener, <-chan net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -225,6 +237,80 @@ func TestConnBehavesLikeTCPConn(t *testing.T) {
 				t.Fatalf("Write reported %d bytes: want the part the socket took", n)
 			}
 		}},
+		{"a write the socket takes at once is not failed by a passed deadline", func(t *testing.T, c halfCloser, peer *net.TCPConn) {
+			// The contract of writeDeadline: the deadline bounds waiting.
+			if err := c.SetWriteDeadline(time.Unix(1, 0)); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := c.Write([]byte("ping")); n != 4 || err != nil {
+				t.Fatalf("Write = %d, %v; want 4, nil", n, err)
+			}
+			buf := make([]byte, 4)
+			if _, err := io.ReadFull(peer, buf); err != nil || string(buf) != "ping" {
+				t.Fatalf("peer read %q, %v", buf, err)
+			}
+			if ioOf(c).wd.armed {
+				t.Fatal("the poller holds a deadline no write waited for")
+			}
+		}},
+		{"a deadline set while a write waits ends the wait", func(t *testing.T, c halfCloser, peer *net.TCPConn) {
+			wrote := make(chan error, 1)
+			go func() {
+				_, err := c.Write(make([]byte, 64<<20))
+				wrote <- err
+			}()
+			wd := &ioOf(c).wd
+			wait.For(t, 10*time.Second, "the write to wait for the socket", func() bool {
+				wd.mu.Lock()
+				defer wd.mu.Unlock()
+				return wd.waiting
+			})
+			if err := c.SetWriteDeadline(time.Unix(1, 0)); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-wrote:
+				if !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("Write: %v; want os.ErrDeadlineExceeded", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the waiting write did not end at its deadline")
+			}
+			// The poller holds the deadline now: clearing it lets the
+			// connection write again once the peer reads.
+			if err := c.SetWriteDeadline(time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			go func() { _, _ = io.Copy(io.Discard, peer) }()
+			if n, err := c.Write(make([]byte, 1<<20)); n != 1<<20 || err != nil {
+				t.Fatalf("Write after clearing = %d, %v", n, err)
+			}
+		}},
+		{"deadlines moved while writes wait", func(t *testing.T, c halfCloser, peer *net.TCPConn) {
+			// A writer moving its deadline forward between writes, as a
+			// stream relay does per chunk, against a peer that reads
+			// slowly: every write completes (run under -race).
+			go func() {
+				buf := make([]byte, 4096)
+				for {
+					if _, err := peer.Read(buf); err != nil {
+						return
+					}
+				}
+			}()
+			chunk := make([]byte, 256<<10)
+			for range 32 {
+				if err := c.SetWriteDeadline(time.Now().Add(10 * time.Second)); err != nil {
+					t.Fatal(err)
+				}
+				if n, err := c.Write(chunk); n != len(chunk) || err != nil {
+					t.Fatalf("Write = %d, %v", n, err)
+				}
+			}
+			if err := c.SetDeadline(time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+		}},
 		{"concurrent read and write", func(t *testing.T, c halfCloser, peer *net.TCPConn) {
 			var wg sync.WaitGroup
 			wg.Add(2)
@@ -376,5 +462,48 @@ func TestDialTCPIPv6(t *testing.T) {
 	b, err := io.ReadAll(c)
 	if err != nil || string(b) != "6" {
 		t.Fatalf("read %q, %v", b, err)
+	}
+}
+
+// BenchmarkWriteDeadline: what a proxy does per answer, a write deadline set
+// and a small write the socket takes at once, with the deadline passed to
+// the poller (net.TCPConn's SetWriteDeadline) and held back (Conn's).
+func BenchmarkWriteDeadline(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		set  func(c *Conn, t time.Time) error
+	}{
+		{"poller", func(c *Conn, t time.Time) error { return c.TCPConn.SetWriteDeadline(t) }},
+		{"held", func(c *Conn, t time.Time) error { return c.SetWriteDeadline(t) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ln, accepted := listen(b)
+			defer ln.Close()
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			c := Wrap(raw).(*Conn)
+			defer c.Close()
+			peer := <-accepted
+			defer peer.Close()
+			drained := make(chan struct{})
+			go func() { _, _ = io.Copy(io.Discard, peer); close(drained) }()
+			msg := make([]byte, 512)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := bc.set(c, time.Now().Add(30*time.Second)); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := c.Write(msg); err != nil {
+					b.Fatal(err)
+				}
+				if err := bc.set(c, time.Time{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			c.Close()
+			<-drained
+		})
 	}
 }
