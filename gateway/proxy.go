@@ -528,14 +528,15 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 
 	// Bounds writing the header and a buffered body to a client that does
 	// not read; a streamed body moves it on with every chunk.
-	_ = ctx.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-	ttfb := time.Since(upStart)
+	now := time.Now()
+	_ = ctx.SetWriteDeadline(now.Add(s.cfg.WriteTimeout))
+	ttfb := now.Sub(upStart)
 	if body == nil { // no body: HEAD, 204, 304
 		s.recordAnswer(rt, ep, status, nil)
 		watch.Stop()
 		release()
 		fasthttp.ReleaseResponse(resp)
-		rt.obs.observe(ep.Index, ep.ID, status, time.Since(start), ttfb, ttfb)
+		rt.obs.observe(ep.Index, ep.ID, status, now.Sub(start), ttfb, ttfb)
 		return
 	}
 	sse := bytes.HasPrefix(resp.Header.ContentType(), ctEventStream)
@@ -550,7 +551,8 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 			buf := held.buf
 			s.recordAnswer(rt, ep, status, buf)
 			watch.Stop()
-			upDur := time.Since(upStart)
+			done := time.Now()
+			upDur := done.Sub(upStart)
 			release()
 			fasthttp.ReleaseResponse(resp)
 			ctx.Response.SetBodyStream(held, len(buf))
@@ -561,7 +563,7 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 				obs.scan.write(buf)
 				s.kvSelfCheck(rt, obs)
 			}
-			rt.obs.observe(ep.Index, ep.ID, status, time.Since(start), upDur, ttfb)
+			rt.obs.observe(ep.Index, ep.ID, status, done.Sub(start), upDur, ttfb)
 			return
 		case errors.Is(err, errBudgetStream):
 			// Over budget but streamable: relayed unbuffered below.
