@@ -2,6 +2,9 @@ package gateway
 
 import (
 	"bufio"
+	"fmt"
+	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -148,5 +151,22 @@ func BenchmarkCopyAnswerHeaders(b *testing.B) {
 	for b.Loop() {
 		dst.Reset()
 		copyAnswerHeaders(&dst, src)
+	}
+}
+
+// TestAnswerWithoutContentType: a worker answer that names no Content-Type
+// reaches the client without one; the gateway invents none.
+func TestAnswerWithoutContentType(t *testing.T) {
+	b := newHardScripted(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	s := startGateway(t, "", nil)
+	mustApply(t, s, hardScriptedRule("r", "m1", "", b))
+	resp, body := post(t, newClient(t), "http://"+s.Addr()+"/v1/chat/completions", chatBody)
+	if resp.StatusCode != 200 || body != "{}" {
+		t.Fatalf("status %d body %q", resp.StatusCode, body)
+	}
+	if ct, ok := resp.Header["Content-Type"]; ok {
+		t.Errorf("client got Content-Type %q; the worker sent none", ct)
 	}
 }

@@ -347,6 +347,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		}
 		req.SetBodyRaw(ctx.PostBody())
 		resp := fasthttp.AcquireResponse()
+		// A worker's answer without Content-Type has none for the client
+		// either (fasthttp would report text/plain).
+		resp.Header.SetNoDefaultContentType(true)
 		// Every body is streamed (cancelTransport); relay buffers only small
 		// ones. The call ties the request to its worker connection, and the
 		// watch cancels it when the client closes while waiting.
