@@ -525,7 +525,6 @@ func (s *Server) relay(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstream.E
 	status := resp.StatusCode()
 	ctx.Response.Header.SetStatusCode(status)
 	copyAnswerHeaders(&ctx.Response.Header, &resp.Header)
-	ctx.Response.Header.SetContentTypeBytes(resp.Header.ContentType())
 	ctx.Response.Header.Set("X-Llmgw-Endpoint", ep.ID)
 	ctx.Response.Header.Set("X-Llmgw-Route", route)
 
@@ -874,8 +873,9 @@ func copyRequestHeaders(dst, src *fasthttp.RequestHeader) {
 // headers in src except the connection-scoped ones (as copyRequestHeaders)
 // and X-Request-Id: the gateway owns it (already set, the same value the
 // worker was sent), and copying a worker's echo would duplicate it.
+// Content-Type comes with the rest (none when the worker sent none).
 // Nothing is added to be deleted again.
-func copyAnswerHeaders(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
+func copyAnswerHeaders(dst, src *fasthttp.ResponseHeader) {
 	conn := src.Peek(fasthttp.HeaderConnection)
 	named := namesHeaders(conn)
 	for k, v := range src.All() {

@@ -64,9 +64,9 @@ type connOpts struct {
 	// reused (0: no limit).
 	maxRequests int
 	// quickAck: after writing each request, before reading its answer,
-	// take the connection out of delayed-ACK mode (rawio.QuickAck) so the engine's answer is not
-	// held by Nagle's algorithm waiting for our ACK of its head
-	// (ConnPolicy.ReusedConnStall).
+	// take the connection out of delayed-ACK mode (rawio.QuickAck) so the
+	// engine's answer is not held by Nagle's algorithm waiting for our ACK
+	// of its head (ConnPolicy.ReusedConnStall).
 	quickAck bool
 	tls      *tls.Config
 }
