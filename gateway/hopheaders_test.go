@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -53,38 +54,75 @@ func headerLines(all func(yield func([]byte, []byte) bool), connClose bool) []st
 	return out
 }
 
-func TestCopyRequestHeaders(t *testing.T) {
+func TestUpstreamHead(t *testing.T) {
+	const ep = "10.0.0.7:8000"
 	cases := []struct {
-		name string
-		in   string // header lines after the request line
-		want []string
+		name    string
+		line    string // the client's request line
+		in      string // header lines after it
+		bodyLen int    // the body the gateway sends
+		want    []string
+		wantURI string
 	}{
-		{"plain", "Host: gw\r\nContent-Type: application/json\r\nContent-Length: 2\r\nAuthorization: Bearer k\r\nAccept: */*\r\n",
-			[]string{"accept: */*", "authorization: Bearer k", "content-length: 2", "content-type: application/json", "host: gw"}},
-		{"every hop header, any case", "Host: gw\r\nconnection: keep-alive\r\nKEEP-ALIVE: timeout=5\r\nProxy-Authenticate: Basic\r\nproxy-authorization: Basic x\r\nProxy-Connection: keep-alive\r\nte: trailers\r\nUpgrade: h2c\r\nX-Kept: 1\r\n",
-			[]string{"host: gw", "x-kept: 1"}},
-		{"connection close", "Host: gw\r\nConnection: close\r\nX-Kept: 1\r\n",
-			[]string{"host: gw", "x-kept: 1"}},
-		{"headers named by Connection", "Host: gw\r\nConnection: keep-alive, X-Secret ,x-other\r\nX-Secret: s\r\nX-Other: o\r\nX-Kept: 1\r\n",
-			[]string{"host: gw", "x-kept: 1"}},
-		{"close and a named header", "Host: gw\r\nConnection: close, X-Secret\r\nX-Secret: s\r\nX-Kept: 1\r\n",
-			[]string{"host: gw", "x-kept: 1"}},
-		{"repeated headers kept", "Host: gw\r\nX-Multi: a\r\nX-Multi: b\r\n",
-			[]string{"host: gw", "x-multi: a", "x-multi: b"}},
-		{"look-alike names kept", "Host: gw\r\nTEA: green\r\nConnections: 3\r\nX-Upgrade: no\r\n",
-			[]string{"connections: 3", "host: gw", "tea: green", "x-upgrade: no"}},
+		{"plain", "POST /v1/chat/completions HTTP/1.1", "Host: gw\r\nContent-Type: application/json\r\nContent-Length: 2\r\nAuthorization: Bearer k\r\nAccept: */*\r\n", 2,
+			[]string{"accept: */*", "authorization: Bearer k", "content-length: 2", "content-type: application/json", "host: " + ep}, "/v1/chat/completions"},
+		{"every hop header, any case", "POST /v1/chat/completions HTTP/1.1", "Host: gw\r\nconnection: keep-alive\r\nKEEP-ALIVE: timeout=5\r\nProxy-Authenticate: Basic\r\nproxy-authorization: Basic x\r\nProxy-Connection: keep-alive\r\nte: trailers\r\nUpgrade: h2c\r\nX-Kept: 1\r\n", 0,
+			[]string{"content-length: 0", "host: " + ep, "x-kept: 1"}, "/v1/chat/completions"},
+		{"connection close", "POST /v1/chat/completions HTTP/1.1", "Host: gw\r\nConnection: close\r\nX-Kept: 1\r\n", 0,
+			[]string{"content-length: 0", "host: " + ep, "x-kept: 1"}, "/v1/chat/completions"},
+		{"headers named by Connection", "POST /v1/chat/completions HTTP/1.1", "Host: gw\r\nConnection: keep-alive, X-Secret ,x-other\r\nX-Secret: s\r\nX-Other: o\r\nX-Kept: 1\r\n", 0,
+			[]string{"content-length: 0", "host: " + ep, "x-kept: 1"}, "/v1/chat/completions"},
+		{"close and a named header", "POST /v1/chat/completions HTTP/1.1", "Host: gw\r\nConnection: close, X-Secret\r\nX-Secret: s\r\nX-Kept: 1\r\n", 0,
+			[]string{"content-length: 0", "host: " + ep, "x-kept: 1"}, "/v1/chat/completions"},
+		{"repeated headers kept", "POST /v1/chat/completions HTTP/1.1", "Host: gw\r\nX-Multi: a\r\nX-Multi: b\r\n", 0,
+			[]string{"content-length: 0", "host: " + ep, "x-multi: a", "x-multi: b"}, "/v1/chat/completions"},
+		{"look-alike names kept", "POST /v1/chat/completions HTTP/1.1", "Host: gw\r\nTEA: green\r\nConnections: 3\r\nX-Upgrade: no\r\n", 0,
+			[]string{"connections: 3", "content-length: 0", "host: " + ep, "tea: green", "x-upgrade: no"}, "/v1/chat/completions"},
+		// The client's framing is not the worker's: a chunked body goes out
+		// with the length of what the gateway read.
+		{"chunked client body", "POST /v1/completions HTTP/1.1", "Host: gw\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n", 5,
+			[]string{"content-length: 5", "content-type: application/json", "host: " + ep}, "/v1/completions"},
+		{"GET has no length", "GET /v1/models?x=1 HTTP/1.1", "Host: gw\r\nAccept: */*\r\n", 0,
+			[]string{"accept: */*", "host: " + ep}, "/v1/models?x=1"},
+		{"no Host from the client", "POST /v1/completions HTTP/1.0", "Content-Length: 2\r\n", 2,
+			[]string{"content-length: 2", "host: " + ep}, "/v1/completions"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			src := parseClientRequest(t, "POST /v1/chat/completions HTTP/1.1\r\n"+tc.in+"\r\n")
-			var dst fasthttp.RequestHeader
-			copyRequestHeaders(&dst, src)
-			got := headerLines(dst.All(), dst.ConnectionClose())
-			if !slices.Equal(got, tc.want) {
-				t.Errorf("worker's request headers:\n got %q\nwant %q", got, tc.want)
+			src := parseClientRequest(t, tc.line+"\r\n"+tc.in+"\r\n")
+			head := appendUpstreamHead(nil, src, src.RequestURI(), ep, tc.bodyLen, src.IsGet() || src.IsHead())
+			var got fasthttp.RequestHeader
+			got.DisableNormalizing()
+			if err := got.Read(bufio.NewReader(strings.NewReader(string(head) + "\r\n"))); err != nil {
+				t.Fatalf("the worker cannot parse %q: %v", head, err)
 			}
-			if string(dst.Method()) != "POST" || string(dst.RequestURI()) != "/v1/chat/completions" {
-				t.Errorf("request line: %s %s", dst.Method(), dst.RequestURI())
+			if lines := headerLines(got.All(), got.ConnectionClose()); !slices.Equal(lines, tc.want) {
+				t.Errorf("worker's request headers:\n got %q\nwant %q", lines, tc.want)
+			}
+			method, _, _ := strings.Cut(tc.line, " ")
+			wantLine := method + " " + tc.wantURI + " HTTP/1.1\r\n"
+			if !strings.HasPrefix(string(head), wantLine) {
+				t.Errorf("request line: got %q, want %q (the gateway's own version)", head[:strings.Index(string(head), "\r\n")+2], wantLine)
+			}
+		})
+	}
+}
+
+// TestUpstreamURI: the worker gets origin form whatever form the client
+// used.
+func TestUpstreamURI(t *testing.T) {
+	cases := []struct{ name, target, want string }{
+		{"origin form", "/v1/chat/completions?a=b", "/v1/chat/completions?a=b"},
+		{"absolute form", "http://gw:8080/v1/chat/completions?a=b", "/v1/chat/completions?a=b"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var req fasthttp.Request
+			if err := req.Read(bufio.NewReader(strings.NewReader("POST " + tc.target + " HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\n\r\n"))); err != nil {
+				t.Fatal(err)
+			}
+			if got := string(upstreamURI(&req)); got != tc.want {
+				t.Errorf("upstreamURI = %q, want %q", got, tc.want)
 			}
 		})
 	}
@@ -134,13 +172,12 @@ var (
 	benchWorkerAnswer  = "HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 20:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 1024\r\ncontent-type: application/json\r\n\r\n"
 )
 
-func BenchmarkCopyRequestHeaders(b *testing.B) {
+func BenchmarkUpstreamHead(b *testing.B) {
 	src := parseClientRequest(b, benchClientRequest)
-	var dst fasthttp.RequestHeader
+	var dst []byte
 	b.ReportAllocs()
 	for b.Loop() {
-		dst.Reset()
-		copyRequestHeaders(&dst, src)
+		dst = appendUpstreamHead(dst[:0], src, src.RequestURI(), "10.0.0.7:8000", 300, false)
 	}
 }
 
@@ -168,5 +205,39 @@ func TestAnswerWithoutContentType(t *testing.T) {
 	}
 	if ct, ok := resp.Header["Content-Type"]; ok {
 		t.Errorf("client got Content-Type %q; the worker sent none", ct)
+	}
+}
+
+// TestWorkerRequestVersion: the worker's request speaks the gateway's own
+// HTTP/1.1 (RFC 9110 §7.6.3) whatever the client spoke, names the endpoint
+// as Host and carries the body's length once.
+func TestWorkerRequestVersion(t *testing.T) {
+	b := newHardScripted(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	s := startGateway(t, "", nil)
+	mustApply(t, s, hardScriptedRule("r", "m1", "", b))
+	for _, proto := range []string{"HTTP/1.0", "HTTP/1.1"} {
+		t.Run(proto, func(t *testing.T) {
+			resp, data, err := rawRequest(t, s.Addr(), "POST /v1/chat/completions "+proto+"\r\nHost: gw.example\r\nContent-Type: application/json\r\n", chatBody)
+			if err != nil || resp.StatusCode != 200 || string(data) != "{}" {
+				t.Fatalf("status %v body %q err %v", resp.StatusCode, data, err)
+			}
+			var req *http.Request
+			select {
+			case req = <-b.seen:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the worker saw no request")
+			}
+			if req.Proto != "HTTP/1.1" {
+				t.Errorf("worker's request is %s; want the gateway's HTTP/1.1", req.Proto)
+			}
+			if want := fmt.Sprintf("127.0.0.1:%d", b.port()); req.Host != want {
+				t.Errorf("worker's Host %q, want %q", req.Host, want)
+			}
+			if cl := req.Header.Values("Content-Length"); req.ContentLength != int64(len(chatBody)) || len(cl) > 1 {
+				t.Errorf("worker's Content-Length %v (%d), want one of %d", cl, req.ContentLength, len(chatBody))
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -46,6 +47,7 @@ type reqState struct {
 	clientID []byte // the client's X-Request-Id, copied
 	kv       kvScratch
 	kvc      kvChoice
+	upHead   []byte // the worker's request head (appendUpstreamHead)
 }
 
 var statePool = sync.Pool{New: func() any { return new(reqState) }}
@@ -331,35 +333,18 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		}
 		ep := d.Endpoint
 		release := ep.Acquire()
-		req := fasthttp.AcquireRequest()
-		copyRequestHeaders(&req.Header, &ctx.Request.Header)
-		if uri := ctx.Request.Header.RequestURI(); len(uri) > 0 && uri[0] != '/' {
-			// Absolute form (POST http://host/v1/...): fasthttp would take
-			// the Host from the URI; the worker gets origin form.
-			req.Header.SetRequestURIBytes(ctx.Request.URI().RequestURI())
-		}
-		req.Header.SetHost(ep.Addr)
-		req.URI().SetHost(ep.Addr)
-		// No Content-Type unless the client sent one.
-		req.Header.SetNoDefaultContentType(true)
-		if rt.tlsCfg != nil {
-			req.URI().SetScheme("https")
-		}
-		req.SetBodyRaw(ctx.PostBody())
+		// The worker's request is written from the client's (no copy into
+		// a second fasthttp.Request); its head is built again per attempt,
+		// for the endpoint's Host.
+		call := &upstreamCall{reqBody: ctx.PostBody(), bodyless: upstreamBodyless(&ctx.Request.Header), isHead: ctx.Request.Header.IsHead()}
+		st.upHead = appendUpstreamHead(st.upHead[:0], &ctx.Request.Header, upstreamURI(&ctx.Request), ep.Addr, len(call.reqBody), call.bodyless)
+		call.head = st.upHead
 		resp := fasthttp.AcquireResponse()
-		// A worker's answer without Content-Type has none for the client
-		// either (fasthttp would report text/plain).
-		resp.Header.SetNoDefaultContentType(true)
-		// Every body is streamed (cancelTransport); relay buffers only small
-		// ones. The call ties the request to its worker connection, and the
-		// watch cancels it when the client closes while waiting.
-		resp.StreamBody = true
-		call := &upstreamCall{}
-		upstreamCalls.put(req, call)
+		// The watch cancels the call when the client closes while waiting.
 		watch := peerwatch.WatchAfter(ctx.Conn(), call.cancel, clientWatchDelay)
 		upStart := time.Now()
 		hc := rt.clients[ep.Index]
-		err = s.sendUpstream(rt, hc, ep, req, resp)
+		err = s.sendUpstream(rt, hc, ep, call, resp)
 		if reusedNotSent(err) && !call.isCancelled() {
 			// The worker closed this pooled connection (or it hit the
 			// engine's limits) before the request was written: nothing was
@@ -369,10 +354,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 				hc.CloseIdleConnections()
 			}
 			s.metrics.redials.WithLabelValues(rt.rule.Name, ep.ID).Inc()
-			err = s.sendUpstream(rt, hc, ep, req, resp)
+			err = s.sendUpstream(rt, hc, ep, call, resp)
 		}
-		upstreamCalls.del(req)
-		fasthttp.ReleaseRequest(req)
 		if err != nil && call.isCancelled() {
 			watch.Stop()
 			release()
@@ -411,16 +394,14 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 	writeError(ctx, lastErr)
 }
 
-// sendUpstream sends req to ep on a kept connection from hc; when the engine's
-// kept connections are all busy (fasthttp.ErrNoFreeConns: nothing was
-// sent), on a one-shot connection instead (keptConns).
-func (s *Server) sendUpstream(rt *ruleRuntime, hc *fasthttp.HostClient, ep *upstream.Endpoint, req *fasthttp.Request, resp *fasthttp.Response) error {
-	err := hc.Do(req, resp)
+// sendUpstream sends call to ep on a kept connection from hc; when the
+// engine's kept connections are all busy (fasthttp.ErrNoFreeConns: nothing
+// was sent), on a one-shot connection instead (keptConns).
+func (s *Server) sendUpstream(rt *ruleRuntime, hc *fasthttp.HostClient, ep *upstream.Endpoint, call *upstreamCall, resp *fasthttp.Response) error {
+	err := roundTrip(hc, call, resp, false)
 	if rt.oneShot != nil && errors.Is(err, fasthttp.ErrNoFreeConns) {
 		s.metrics.oneShots.WithLabelValues(rt.rule.Name, ep.ID).Inc()
-		req.SetConnectionClose()
-		err = rt.oneShot[ep.Index].Do(req, resp)
-		req.Header.ResetConnectionClose()
+		err = roundTrip(rt.oneShot[ep.Index], call, resp, true)
 	}
 	return err
 }
@@ -726,8 +707,10 @@ func (s *Server) clientLeft(ctx *fasthttp.RequestCtx, rt *ruleRuntime, ep *upstr
 }
 
 var (
-	strClose     = []byte("close")
-	strKeepAlive = []byte("keep-alive")
+	strClose         = []byte("close")
+	strHost          = []byte("Host")
+	strContentLength = []byte("Content-Length")
+	strKeepAlive     = []byte("keep-alive")
 )
 
 // containsAcross reports whether marker occurs in the byte stream whose
@@ -853,24 +836,60 @@ func (s *Server) serveForm(ctx *fasthttp.RequestCtx, key string) {
 	s.forward(ctx, rt, st, f.Stream, start, nil)
 }
 
-// copyRequestHeaders gives dst, the worker's request, the client's headers
-// in src except the connection-scoped ones (isHopHeader, and every header
-// src's Connection header names: RFC 9110 §7.6.1). A request that carries
-// none costs one pass over its header names: only a header that is there
-// is deleted.
-func copyRequestHeaders(dst, src *fasthttp.RequestHeader) {
-	src.CopyTo(dst)
-	conn := src.Peek(fasthttp.HeaderConnection)
-	named := namesHeaders(conn)
-	for k := range src.All() {
-		if isHopHeader(k) || named && connectionNames(conn, k) {
-			dst.DelBytes(k)
-		}
+// upstreamBodyless says how the worker's request carries a body: GET and
+// HEAD carry none (and no Content-Length), every other method its body
+// with its length (0 included), as fasthttp's client writes them.
+func upstreamBodyless(h *fasthttp.RequestHeader) (bodyless bool) {
+	return h.IsGet() || h.IsHead()
+}
+
+// upstreamURI is the request target the worker gets: the client's, in
+// origin form (an absolute-form target, POST http://host/v1/..., loses its
+// scheme and authority; the Host header names the endpoint).
+func upstreamURI(req *fasthttp.Request) []byte {
+	if uri := req.Header.RequestURI(); len(uri) > 0 && uri[0] == '/' {
+		return uri
 	}
+	return req.URI().RequestURI()
+}
+
+// appendUpstreamHead appends to dst the head of the worker's request, up to
+// but not including the blank line that ends it: the client's method and
+// target uri, the gateway's own HTTP/1.1 (RFC 9110 §7.6.3: an intermediary
+// sends its own version), Host: host, and the client's headers in h except
+// the connection-scoped ones (isHopHeader, and every header h's Connection
+// header names: RFC 9110 §7.6.1), its Host and its Content-Length: the
+// length is that of the body the gateway sends, bodyLen, unless bodyless
+// (GET, HEAD). A request that carries no connection-scoped header costs one
+// pass over its headers and no copy of them.
+func appendUpstreamHead(dst []byte, h *fasthttp.RequestHeader, uri []byte, host string, bodyLen int, bodyless bool) []byte {
+	dst = append(dst, h.Method()...)
+	dst = append(dst, ' ')
+	dst = append(dst, uri...)
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, host...)
+	dst = append(dst, '\r', '\n')
+	conn := h.Peek(fasthttp.HeaderConnection)
+	named := namesHeaders(conn)
+	for k, v := range h.All() {
+		if isHopHeader(k) || bytes.EqualFold(k, strHost) || bytes.EqualFold(k, strContentLength) || named && connectionNames(conn, k) {
+			continue
+		}
+		dst = append(dst, k...)
+		dst = append(dst, ':', ' ')
+		dst = append(dst, v...)
+		dst = append(dst, '\r', '\n')
+	}
+	if !bodyless {
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, int64(bodyLen), 10)
+		dst = append(dst, '\r', '\n')
+	}
+	return dst
 }
 
 // copyAnswerHeaders adds to dst, the client's response, the worker's
-// headers in src except the connection-scoped ones (as copyRequestHeaders)
+// headers in src except the connection-scoped ones (as appendUpstreamHead)
 // and X-Request-Id: the gateway owns it (already set, the same value the
 // worker was sent), and copying a worker's echo would duplicate it.
 // Content-Type comes with the rest (none when the worker sent none).

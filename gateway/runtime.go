@@ -260,11 +260,13 @@ func (rt *ruleRuntime) conversationHash(ctx *fasthttp.RequestCtx) (uint64, bool)
 // The pool follows the engine (engines.Adapter.Conn): an idle connection is
 // dropped before the engine's keep-alive timeout (poolIdle), a connection
 // is not reused past the engine's request limit, and every reuse first
-// checks that the worker has not closed it (upConn). fasthttp itself never
-// retries: forward decides what may be sent again.
+// checks that the worker has not closed it (upConn). The HostClient is the
+// pool only: the data plane's requests go through roundTrip, never
+// HostClient.Do, so fasthttp neither retries nor adds a header; forward
+// decides what may be sent again.
 //
 // With oneShot the pool keeps no connection: every request it sends
-// carries Connection: close (the caller sets it). Otherwise it keeps at
+// carries Connection: close (roundTrip writes it). Otherwise it keeps at
 // most keptConns(pol) connections when the engine serves a limited number
 // (and answers ErrNoFreeConns at once, nothing sent, when all are busy),
 // else up to 8192. Answers are quick-acknowledged (connOpts.quickAck) on
@@ -290,17 +292,9 @@ func (s *Server) hostClient(addr string, t rule.TimeoutsConfig, tlsCfg *tls.Conf
 		MaxIdleConnDuration:           o.maxIdle,
 		ReadTimeout:                   key.firstByte,
 		WriteTimeout:                  30 * time.Second,
-		MaxResponseBodySize:           64 << 20,
-		MaxIdemponentCallAttempts:     1,
-		RetryIfErr:                    func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
 		DisableHeaderNamesNormalizing: true,
-		DisablePathNormalizing:        true,
-		NoDefaultUserAgentHeader:      true,
 		IsTLS:                         tlsCfg != nil,
 		TLSConfig:                     tlsCfg,
-		// Attaches each data-plane request to its connection, so that a
-		// client disconnect can cancel it, and streams every body.
-		Transport: cancelTransport{},
 	}
 	s.clients[key] = hc
 	return hc

@@ -6,7 +6,6 @@ import (
 	"net"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/valyala/fasthttp"
 )
@@ -19,10 +18,14 @@ var errClientGone = errors.New("gateway: the client closed the connection")
 // the request went out on, so that a client that leaves can close it: with
 // HTTP/1.1 closing the connection is how an engine learns that a request
 // is abandoned (vLLM and SGLang abort the request when its connection
-// drops). fasthttp's HostClient.Do takes no context, so the connection is
-// learnt in cancelTransport.RoundTrip, the one place that holds both the
-// request and the connection.
+// drops). roundTrip attaches the connection once it has one.
 type upstreamCall struct {
+	// head is the worker's request head without its ending blank line
+	// (appendUpstreamHead), reqBody its body (none when bodyless).
+	head, reqBody []byte
+	bodyless      bool // GET or HEAD: no body, no Content-Length
+	isHead        bool // HEAD: the answer has no body whatever its head says
+
 	mu        sync.Mutex
 	conn      net.Conn
 	cancelled bool
@@ -66,81 +69,48 @@ func (c *upstreamCall) isCancelled() bool {
 	return c.cancelled
 }
 
-// upstreamCalls maps a request being sent (by its *fasthttp.Request, unique
-// while Do runs) to its call.
-var upstreamCalls callMap
+var (
+	crlf            = []byte("\r\n")
+	connCloseHeader = []byte("Connection: close\r\n")
+)
 
-// callMap is a map from request to call, sharded by the request's address
-// so that concurrent requests rarely share a lock; unlike sync.Map it does
-// not allocate per entry.
-type callMap struct {
-	shards [64]struct {
-		mu sync.Mutex
-		m  map[*fasthttp.Request]*upstreamCall
-		_  [48]byte // one shard per 64-byte cache line
-	}
-}
-
-func (m *callMap) shard(req *fasthttp.Request) int {
-	return int(uintptr(unsafe.Pointer(req))>>6) & (len(m.shards) - 1)
-}
-
-func (m *callMap) put(req *fasthttp.Request, c *upstreamCall) {
-	sh := &m.shards[m.shard(req)]
-	sh.mu.Lock()
-	if sh.m == nil {
-		sh.m = map[*fasthttp.Request]*upstreamCall{}
-	}
-	sh.m[req] = c
-	sh.mu.Unlock()
-}
-
-func (m *callMap) get(req *fasthttp.Request) *upstreamCall {
-	sh := &m.shards[m.shard(req)]
-	sh.mu.Lock()
-	c := sh.m[req]
-	sh.mu.Unlock()
-	return c
-}
-
-func (m *callMap) del(req *fasthttp.Request) {
-	sh := &m.shards[m.shard(req)]
-	sh.mu.Lock()
-	delete(sh.m, req)
-	sh.mu.Unlock()
-}
-
-// cancelTransport is fasthttp's HostClient round trip (fasthttp v1.78.0
-// client.go, transport.RoundTrip: acquire a connection, write the request
-// under WriteTimeout, read the response header under ReadTimeout) with two
-// differences for requests registered in upstreamCalls: the connection is
-// attached to the call, and the body is always streamed to the caller as
-// an upstreamBody, which returns the connection to the pool only when the
-// body was read to its end. Unregistered requests take fasthttp's own
-// transport.
-type cancelTransport struct{}
-
-func (cancelTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (retry bool, err error) {
-	call := upstreamCalls.get(req)
-	if call == nil {
-		return fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
-	}
-	cc, err := hc.AcquireConn(0, req.ConnectionClose())
+// roundTrip sends call on a connection from hc's pool and reads the
+// answer's head into resp; the body is always streamed, as call.body, which
+// returns the connection to the pool only when it was read to its end.
+// oneShot asks for a connection of its own and says Connection: close.
+//
+// It is fasthttp's transport round trip (v1.78.0 client.go,
+// transport.RoundTrip: acquire a connection, write the request under
+// hc.WriteTimeout, read the response header under hc.ReadTimeout, io.EOF
+// before the first byte reported as fasthttp.ErrConnectionClosed as
+// HostClient.Do does) without HostClient.Do's fasthttp.Request: the head is
+// written as appendUpstreamHead built it, with the body in the same buffer,
+// so a small request is one write. HostClient.Do's retries are not wanted
+// (the gateway decides, see upConn) and its User-Agent default is off.
+func roundTrip(hc *fasthttp.HostClient, call *upstreamCall, resp *fasthttp.Response, oneShot bool) error {
+	resp.Reset()
+	// A worker's answer without Content-Type has none for the client
+	// either (fasthttp would report text/plain).
+	resp.Header.SetNoDefaultContentType(true)
+	cc, err := hc.AcquireConn(0, oneShot)
 	if err != nil {
-		return false, err
+		return err
 	}
 	conn := cc.Conn()
 	if !call.attach(conn) {
 		hc.CloseConn(cc)
-		return false, errClientGone
+		return errClientGone
 	}
-	fail := func(err error) (bool, error) {
+	fail := func(err error) error {
 		call.detach()
 		hc.CloseConn(cc)
 		if call.isCancelled() {
-			return false, errClientGone
+			return errClientGone
 		}
-		return true, err
+		if err == io.EOF {
+			return fasthttp.ErrConnectionClosed
+		}
+		return err
 	}
 	resp.ParseNetConn(conn)
 	var wd time.Time
@@ -151,7 +121,16 @@ func (cancelTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request,
 		return fail(err)
 	}
 	bw := hc.AcquireWriter(conn)
-	err = req.Write(bw)
+	_, err = bw.Write(call.head)
+	if err == nil && oneShot {
+		_, err = bw.Write(connCloseHeader)
+	}
+	if err == nil {
+		_, err = bw.Write(crlf)
+	}
+	if err == nil && !call.bodyless {
+		_, err = bw.Write(call.reqBody)
+	}
 	if err == nil {
 		err = bw.Flush()
 	}
@@ -169,7 +148,7 @@ func (cancelTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request,
 	if err := conn.SetReadDeadline(rd); err != nil {
 		return fail(err)
 	}
-	if req.Header.IsHead() {
+	if call.isHead {
 		resp.SkipBody = true
 	}
 	if hc.DisableHeaderNamesNormalizing {
@@ -182,7 +161,7 @@ func (cancelTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request,
 		return fail(err)
 	}
 	b := &call.bodyStore
-	*b = upstreamBody{resp: resp, call: call, keep: !req.ConnectionClose() && !resp.ConnectionClose(),
+	*b = upstreamBody{resp: resp, call: call, keep: !oneShot && !resp.ConnectionClose(),
 		done: func(reuse bool) {
 			hc.ReleaseReader(br)
 			if reuse {
@@ -195,10 +174,10 @@ func (cancelTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request,
 	if b.r == nil {
 		b.eof = true
 		b.Close()
-		return false, nil
+		return nil
 	}
 	call.body = b
-	return false, nil
+	return nil
 }
 
 // upstreamBody is a worker's response body being read. Close must be
