@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -11,6 +12,9 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/sim"
 )
 
 // parseClientRequest parses raw as the data plane's server does
@@ -237,6 +241,65 @@ func TestWorkerRequestVersion(t *testing.T) {
 			}
 			if cl := req.Header.Values("Content-Length"); req.ContentLength != int64(len(chatBody)) || len(cl) > 1 {
 				t.Errorf("worker's Content-Length %v (%d), want one of %d", cl, req.ContentLength, len(chatBody))
+			}
+		})
+	}
+}
+
+// TestReleaseIdleBuffers: with the client connection's buffers given back
+// between requests (Config.ReleaseIdleBuffers) and without, one keep-alive
+// connection carries a JSON answer, a stream, two pipelined requests and
+// one more, every answer whole and in order.
+func TestReleaseIdleBuffers(t *testing.T) {
+	for _, release := range []bool{false, true} {
+		t.Run(fmt.Sprintf("release=%v", release), func(t *testing.T) {
+			w := startSimT(t, sim.Config{Engine: engines.VLLM})
+			host, port := hostPort(t, w.Addrs().HTTP)
+			s := startGateway(t, "", func(c *Config) { c.ReleaseIdleBuffers = release })
+			mustApply(t, s, fmt.Sprintf("name: r\nmodel_name: m\nprobe: {disabled: true}\nendpoints:\n  - {id: w1, endpointIP: %s, targetPort: %d}\n", host, port))
+			conn, err := net.Dial("tcp", s.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+			br := bufio.NewReader(conn)
+			req := func(body string) string {
+				return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			}
+			chat := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`
+			stream := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`
+			read := func(what string, wantSSE bool) {
+				t.Helper()
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				data, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 {
+					t.Fatalf("%s: status %d, %d bytes, err %v", what, resp.StatusCode, len(data), err)
+				}
+				if sse := strings.Contains(string(data), "data: [DONE]"); sse != wantSSE {
+					t.Fatalf("%s: [DONE] seen %v, want %v: %.200s", what, sse, wantSSE, data)
+				}
+			}
+			steps := []struct {
+				name, send string
+				answers    []bool // one per answer: SSE or not
+			}{
+				{"json", req(chat), []bool{false}},
+				{"stream", req(stream), []bool{true}},
+				{"pipelined", req(chat) + req(stream), []bool{false, true}},
+				{"again", req(chat), []bool{false}},
+			}
+			for _, st := range steps {
+				if _, err := io.WriteString(conn, st.send); err != nil {
+					t.Fatalf("%s: %v", st.name, err)
+				}
+				for i, sse := range st.answers {
+					read(fmt.Sprintf("%s #%d", st.name, i+1), sse)
+				}
 			}
 		})
 	}

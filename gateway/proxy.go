@@ -90,6 +90,7 @@ func (s *Server) newDataServer(key string) *fasthttp.Server {
 		IdleTimeout:           120 * time.Second,
 		ReadBufferSize:        dataReadBufferSize, // also the request header size limit
 		CloseOnShutdown:       true,
+		ReduceMemoryUsage:     s.cfg.ReleaseIdleBuffers,
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
 		Logger:                discardLogger{},

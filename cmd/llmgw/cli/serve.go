@@ -33,6 +33,7 @@ type ServeOptions struct {
 	KVTokenCache   int
 	WriteTimeout   time.Duration
 	BufferBudget   int64
+	ReleaseIdle    bool
 	TLSCert        string
 	TLSKey         string
 	LogLevel       string
@@ -101,6 +102,7 @@ load. BENCHMARKS.md measures both.`,
 	f.IntVar(&opts.KVTokenCache, "kv-token-cache-bytes", gateway.DefaultKVTokenCacheBytes, "memory each KV-exact rule's token cache may hold (tokenized prompt segments, or /tokenize answers for kvTokenizer engine), in bytes")
 	f.DurationVar(&opts.WriteTimeout, "write-timeout", gateway.DefaultWriteTimeout, "longest a response write to a client may block; a streaming client that stops reading is cut off and its worker request cancelled after it")
 	f.Int64Var(&opts.BufferBudget, "buffer-budget-bytes", gateway.DefaultBufferBudget, "memory all buffered response bodies together may hold; beyond it answers stream through, or get 503 when they cannot")
+	f.BoolVar(&opts.ReleaseIdle, "release-idle-buffers", false, "give an idle keep-alive client connection's read and write buffers back until its next request: about 10 KB of memory per idle connection instead of about 22 KB, for about two more system calls per request (the first byte of each request is read alone)")
 	f.StringVar(&opts.TLSCert, "tls-cert", "", "PEM certificate for TLS on the data plane (with --tls-key)")
 	f.StringVar(&opts.TLSKey, "tls-key", "", "PEM private key for TLS on the data plane (with --tls-cert)")
 	f.StringVar(&opts.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -207,7 +209,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	gcfg := gateway.Config{
 		Listen: opts.Listen, Admin: opts.Admin, AdminToken: token, StateDir: opts.StateDir,
-		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, KVTokenCacheBytes: opts.KVTokenCache, WriteTimeout: opts.WriteTimeout, BufferBudget: opts.BufferBudget, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
+		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, KVTokenCacheBytes: opts.KVTokenCache, WriteTimeout: opts.WriteTimeout, BufferBudget: opts.BufferBudget, ReleaseIdleBuffers: opts.ReleaseIdle, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
 		LogPayloads: opts.LogPayloads, Pprof: opts.Pprof, Logger: log,
 	}
 	if src != nil {
