@@ -139,6 +139,9 @@ type Config struct {
 	Backend string
 	// Pin places the processes on CPUs; the report says where each ran.
 	Pin Placement
+	// KeepCPUsAwake runs a SCHED_IDLE spinner on every CPU for the whole
+	// run, so that no CPU halts between requests (keepAwake says why).
+	KeepCPUsAwake bool
 	// Logger receives the embedded gateway's logs; nil discards them.
 	Logger *slog.Logger
 	// Progress, when set, is called (from Run's goroutine) as each
@@ -294,10 +297,13 @@ type Report struct {
 	LoadCPUs string    `json:"load_cpus"`
 	Pin      Placement `json:"pin"`
 	// ProxyWorkers is each proxy process's worker count (ProxyWorkers).
-	ProxyWorkers int            `json:"proxy_workers"`
-	Started      time.Time      `json:"started"`
-	Partial      bool           `json:"partial"`
-	Results      []TargetResult `json:"results"`
+	ProxyWorkers int `json:"proxy_workers"`
+	// AwakeCPUs lists the CPUs kept from halting by a SCHED_IDLE spinner
+	// (Config.KeepCPUsAwake); empty when none was.
+	AwakeCPUs []int          `json:"awake_cpus,omitempty"`
+	Started   time.Time      `json:"started"`
+	Partial   bool           `json:"partial"`
+	Results   []TargetResult `json:"results"`
 }
 
 // Result returns target's result, or nil.
@@ -326,6 +332,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Backend == "" {
 		cfg.Backend = BackendSim
 	}
+	var awake []int
+	if cfg.KeepCPUsAwake {
+		// Before pinSelf: the spinners cover every CPU, not only the
+		// load generator's.
+		cpus, stop, err := keepAwake(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		awake = cpus
+	}
 	if cfg.Pin.Load != "" {
 		if err := pinSelf(cfg.Pin.Load); err != nil {
 			return nil, err
@@ -334,7 +351,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep := &Report{Mode: cfg.Mode, Concurrency: cfg.Concurrency, Duration: cfg.Duration, Slice: cfg.Slice, MaxRequests: cfg.MaxRequests,
 		Stream: cfg.Stream, PromptBytes: cfg.PromptBytes, DecodePerToken: cfg.DecodePerToken, Upstream: cfg.Upstream,
 		Engine: string(cfg.Engine), NagleStall: cfg.NagleStall, Backend: cfg.Backend, LoadCPUs: cpusAllowed(os.Getpid()), Pin: cfg.Pin, ProxyWorkers: ProxyWorkers,
-		Started: time.Now().UTC()}
+		AwakeCPUs: awake, Started: time.Now().UTC()}
 	if cfg.Mode == OpenLoop {
 		rep.RPS = cfg.RPS
 	}

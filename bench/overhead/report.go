@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -42,6 +43,9 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	}
 	if r.ProxyWorkers > 0 {
 		fmt.Fprintf(&b, "; %d workers per proxy process (nginx worker_processes, HAProxy nbthread, llmgw --procs)", r.ProxyWorkers)
+	}
+	if len(r.AwakeCPUs) > 0 {
+		fmt.Fprintf(&b, "; CPUs %s kept from halting (a SCHED_IDLE spinner on each)", intList(r.AwakeCPUs))
 	}
 	if r.Partial {
 		b.WriteString(" — **partial: interrupted**")
@@ -136,4 +140,13 @@ func fmtDur(d time.Duration) string {
 		return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
 	}
 	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+// intList writes CPUs as "0,1,3".
+func intList(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
 }
