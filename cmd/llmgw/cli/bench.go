@@ -87,11 +87,12 @@ process; --backend fixed is nginx as its own process answering a fixed
 1 KiB completion (the cheapest backend, so a proxy's cost is not diluted).
 --pin-targets and --pin-load place the target processes (and the fixed
 backend) and the benchmark's process on CPUs, as taskset lists.
---keep-cpus-awake runs a lowest-priority (SCHED_IDLE) spinner on every CPU
-for the whole run, so no CPU halts between requests: on a VM whose idle
-vCPUs halt, each wake-up costs tens of microseconds, which at low
-concurrency sets the latency and favours whichever proxy sends the peer a
-packet early (a connect's SYN wakes the engine's CPU ahead of the request).
+--keep-cpus-awake runs a lowest-priority (SCHED_IDLE) spinner on each CPU
+the benchmark may use, for the whole run, so that no CPU halts between
+requests: on a VM whose idle vCPUs halt, each wake-up costs tens of
+microseconds, which at low concurrency sets the latency and favours
+whichever proxy sends the peer a packet early (a connect's SYN wakes the
+engine's CPU ahead of the request).
 
 --mode open sends --rps requests per second whatever happens (latency counts
 from each request's actual send, and the generator's lag behind its
@@ -132,7 +133,7 @@ with one request before any load is sent; an unreachable one ends the run.`,
 	f.StringVar(&opts.Backend, "backend", "sim", "sim (built-in simulator, in process) or fixed (nginx answering a fixed 1 KiB completion, its own process); ignored with --upstream")
 	f.StringVar(&opts.PinTargets, "pin-targets", "", "CPUs (taskset list) for the target processes and the fixed backend; empty: unpinned")
 	f.StringVar(&opts.PinLoad, "pin-load", "", "CPUs (taskset list) for the benchmark's own process (load generator, embedded gateway, simulator); empty: unpinned")
-	f.BoolVar(&opts.KeepCPUsAwake, "keep-cpus-awake", false, "run a SCHED_IDLE spinner on every CPU during the run, so that no CPU halts between requests (Linux; see above)")
+	f.BoolVar(&opts.KeepCPUsAwake, "keep-cpus-awake", false, "run a SCHED_IDLE spinner on each CPU the benchmark may use during the run, so that no CPU halts between requests (Linux; see above)")
 	f.StringVar(&opts.Engine, "engine", "", "simulated engine persona and the llmgw rule's kvEngineType: vllm, sglang, trtllm or llamacpp (empty: vllm)")
 	completeFlag(cmd, "engine", completeEngines())
 	f.BoolVar(&opts.NagleStall, "nagle-stall", false, "with --engine llamacpp: the persona writes like llama-server (Nagle on, head and body apart): ~40 ms per answer on a reused connection for a client that delays its ACKs")
