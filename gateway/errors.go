@@ -187,15 +187,15 @@ func notSentText(err error) string {
 
 // afterSendText describes a failure after the whole request was written, in
 // the gateway's own words: fasthttp's own error texts quote the worker's
-// header bytes, which must not reach the client.
+// header bytes, which must not reach the client. An answer's body has no
+// size limit (it is streamed to the client: roundTrip reads it with
+// ReadLimitBody's 0, no limit), so there is no "too large" case.
 func afterSendText(err error) string {
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrConnectionClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
 		return "closed the connection before the answer was complete"
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		return "sent a response body over the 64 MiB limit"
 	case errors.As(err, &small):
 		return "sent a response header block over the read buffer"
 	default:
