@@ -3,6 +3,7 @@
 package overhead
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -104,4 +105,29 @@ func statusField(t *testing.T, pid int, name string) string {
 	}
 	t.Fatalf("no %s in /proc/%d/status", name, pid)
 	return ""
+}
+
+// TestRunKeepsCPUsAwake: a run with KeepCPUsAwake reports the CPUs it kept
+// awake, says so in its Markdown, and leaves no spinner behind.
+func TestRunKeepsCPUsAwake(t *testing.T) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig()
+	cfg.KeepCPUsAwake = true
+	rep, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(rep.AwakeCPUs) != set.Count() {
+		t.Errorf("report's awake CPUs %v; want each of this process's %d", rep.AwakeCPUs, set.Count())
+	}
+	var md bytes.Buffer
+	if err := WriteMarkdown(&md, rep); err != nil || !strings.Contains(md.String(), "kept from halting") {
+		t.Errorf("markdown %q (err %v); want the awake CPUs named", md.String(), err)
+	}
+	if left := spinnersOf(t, os.Getpid()); len(left) != 0 {
+		t.Errorf("child processes %v still alive after Run", left)
+	}
 }

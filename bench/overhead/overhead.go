@@ -139,8 +139,9 @@ type Config struct {
 	Backend string
 	// Pin places the processes on CPUs; the report says where each ran.
 	Pin Placement
-	// KeepCPUsAwake runs a SCHED_IDLE spinner on every CPU for the whole
-	// run, so that no CPU halts between requests (keepAwake says why).
+	// KeepCPUsAwake runs a SCHED_IDLE spinner on each CPU this process may
+	// use, for the whole run, so that no CPU halts between requests
+	// (keepAwake says why).
 	KeepCPUsAwake bool
 	// Logger receives the embedded gateway's logs; nil discards them.
 	Logger *slog.Logger
