@@ -83,7 +83,11 @@ bench-gateway:
 # bench-overhead: `llmgw bench overhead` in its shapes, one run each
 # (direct, llmgw as a process, nginx and HAProxy side by side; make
 # bench-deps first). The fixed-answer rows pin the targets and the fixed
-# backend to CPU 0 and the load generator to CPU 1 (2-core machine).
+# backend to CPU 0 and the load generator to CPU 1 (2-core machine). The
+# stall rows put llmgw and nginx without upstream keep-alive in front of
+# the llama.cpp persona that writes like llama-server, at one request in
+# flight, measured as is and with every CPU kept from halting (see
+# BENCHMARKS.md for why both).
 .PHONY: bench-overhead bench-routing
 BENCH_OUT ?= /tmp/llmgw-bench
 bench-overhead: build
@@ -93,6 +97,8 @@ bench-overhead: build
 	./bin/llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --prompt-bytes 230 --mode open --rps 10000 --concurrency 256 --duration 5s --json $(BENCH_OUT)/overhead-fixed-open.json
 	./bin/llmgw bench overhead --mode open --rps 5000 --concurrency 256 --duration 10s --requests 50000 --json $(BENCH_OUT)/overhead-open.json
 	./bin/llmgw bench overhead --mode closed --concurrency 16 --stream --decode-per-token 200us --duration 10s --json $(BENCH_OUT)/overhead-stream.json
+	./bin/llmgw bench overhead --engine llamacpp --nagle-stall --pin-targets 0 --pin-load 1 --prompt-bytes 230 --max-tokens 1 --concurrency 1 --duration 3s --warmup 50 --targets llmgw,nginx-nokeepalive --json $(BENCH_OUT)/overhead-stall-c1.json
+	./bin/llmgw bench overhead --engine llamacpp --nagle-stall --pin-targets 0 --pin-load 1 --prompt-bytes 230 --max-tokens 1 --concurrency 1 --duration 3s --warmup 50 --targets llmgw,nginx-nokeepalive --keep-cpus-awake --json $(BENCH_OUT)/overhead-stall-c1-awake.json
 
 # bench-routing: `llmgw bench routing` over every workload and policy;
 # JSON, Markdown and the PNG chart land in $(BENCH_OUT)/.
