@@ -70,6 +70,9 @@ func keepAwake(ctx context.Context) (cpus []int, stop func(), err error) {
 func startSpinner(ctx context.Context, sh string, cpu int, procs *[]*exec.Cmd) error {
 	cmd := exec.CommandContext(ctx, sh, "-c", "while :; do :; done")
 	// Pdeathsig: a benchmark killed outright leaves no spinner behind.
+	// (Linux sends it when the thread that forked exits; the benchmark
+	// locks no goroutine to a thread, so its threads live as long as it
+	// does, and stop kills the spinners in any case.)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("overhead: keep CPU %d awake: %w", cpu, err)

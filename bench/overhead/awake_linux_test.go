@@ -48,8 +48,7 @@ func TestKeepAwake(t *testing.T) {
 		if attr.Policy != unix.SCHED_IDLE {
 			t.Errorf("spinner %d: policy %d, want SCHED_IDLE (%d)", pid, attr.Policy, unix.SCHED_IDLE)
 		}
-		list := statusField(t, pid, "Cpus_allowed_list")
-		bound[list] = true
+		bound[cpusAllowed(pid)] = true
 	}
 	for _, c := range cpus {
 		if !bound[strconv.Itoa(c)] {
@@ -90,21 +89,6 @@ func spinnersOf(t *testing.T, parent int) []int {
 		}
 	}
 	return pids
-}
-
-func statusField(t *testing.T, pid int, name string) string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name+":"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	t.Fatalf("no %s in /proc/%d/status", name, pid)
-	return ""
 }
 
 // TestRunKeepsCPUsAwake: a run with KeepCPUsAwake reports the CPUs it kept
