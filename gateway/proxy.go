@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -339,6 +340,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		// for the endpoint's Host.
 		call := &upstreamCall{reqBody: ctx.PostBody(), bodyless: upstreamBodyless(&ctx.Request.Header), isHead: ctx.Request.Header.IsHead()}
 		st.upHead = appendUpstreamHead(st.upHead[:0], &ctx.Request.Header, upstreamURI(&ctx.Request), ep.Addr, len(call.reqBody), call.bodyless)
+		// roundTrip ends the head in its spare capacity.
+		st.upHead = slices.Grow(st.upHead, upHeadEnd)
 		call.head = st.upHead
 		resp := fasthttp.AcquireResponse()
 		// The watch cancels the call when the client closes while waiting.

@@ -21,7 +21,8 @@ var errClientGone = errors.New("gateway: the client closed the connection")
 // drops). roundTrip attaches the connection once it has one.
 type upstreamCall struct {
 	// head is the worker's request head without its ending blank line
-	// (appendUpstreamHead), reqBody its body (none when bodyless).
+	// (appendUpstreamHead), with at least upHeadEnd bytes of spare
+	// capacity; reqBody its body (none when bodyless).
 	head, reqBody []byte
 	bodyless      bool // GET or HEAD: no body, no Content-Length
 	isHead        bool // HEAD: the answer has no body whatever its head says
@@ -74,6 +75,10 @@ var (
 	connCloseHeader = []byte("Connection: close\r\n")
 )
 
+// upHeadEnd is the most roundTrip appends to a request head: Connection:
+// close and the blank line.
+const upHeadEnd = len("Connection: close\r\n") + len("\r\n")
+
 // roundTrip sends call on a connection from hc's pool and reads the
 // answer's head into resp; the body is always streamed, as call.body, which
 // returns the connection to the pool only when it was read to its end.
@@ -84,9 +89,14 @@ var (
 // hc.WriteTimeout, read the response header under hc.ReadTimeout, io.EOF
 // before the first byte reported as fasthttp.ErrConnectionClosed as
 // HostClient.Do does) without HostClient.Do's fasthttp.Request: the head is
-// written as appendUpstreamHead built it, with the body in the same buffer,
-// so a small request is one write. HostClient.Do's retries are not wanted
-// (the gateway decides, see upConn) and its User-Agent default is off.
+// written as appendUpstreamHead built it, with the body. On the gateway's
+// own plain TCP connections (upConn over rawio) head and body go out in
+// one writev(2) made by the answer's first read, right before it waits
+// (upConn.sendFirst; on a reused connection the dead-connection peek runs
+// there too); on others (TLS) they go through the connection's buffer, so
+// a small request is one write either way. HostClient.Do's retries are not
+// wanted (the gateway decides, see upConn) and its User-Agent default is
+// off.
 func roundTrip(hc *fasthttp.HostClient, call *upstreamCall, resp *fasthttp.Response, oneShot bool) error {
 	resp.Reset()
 	// A worker's answer without Content-Type has none for the client
@@ -113,37 +123,59 @@ func roundTrip(hc *fasthttp.HostClient, call *upstreamCall, resp *fasthttp.Respo
 		return err
 	}
 	resp.ParseNetConn(conn)
+	now := time.Now()
 	var wd time.Time
 	if hc.WriteTimeout > 0 {
-		wd = time.Now().Add(hc.WriteTimeout)
+		wd = now.Add(hc.WriteTimeout)
 	}
 	if err := conn.SetWriteDeadline(wd); err != nil {
 		return fail(err)
 	}
-	bw := hc.AcquireWriter(conn)
-	_, err = bw.Write(call.head)
-	if err == nil && oneShot {
-		_, err = bw.Write(connCloseHeader)
+	// The head's end (and Connection: close) goes into head's spare
+	// capacity: call.head itself is unchanged, so a second round trip of
+	// the same call builds the same bytes.
+	head := call.head
+	if oneShot {
+		head = append(head, connCloseHeader...)
 	}
-	if err == nil {
-		_, err = bw.Write(crlf)
+	head = append(head, crlf...)
+	var body []byte
+	if !call.bodyless {
+		body = call.reqBody
 	}
-	if err == nil && !call.bodyless {
-		_, err = bw.Write(call.reqBody)
-	}
-	if err == nil {
-		err = bw.Flush()
-	}
-	hc.ReleaseWriter(bw)
-	if err != nil {
-		if ne, ok := err.(interface{ Timeout() bool }); ok && ne.Timeout() {
-			err = fasthttp.ErrTimeout
+	uc, _ := conn.(*upConn)
+	sent := false
+	if uc != nil {
+		// On rawio's plain TCP connections the request goes out with the
+		// first read of the answer (upConn.sendFirst): no read finds
+		// nothing before the wait.
+		sent, err = uc.sendFirst(head, body)
+		if err != nil {
+			return fail(err)
 		}
-		return fail(err)
+	}
+	if !sent {
+		bw := hc.AcquireWriter(conn)
+		_, err = bw.Write(head)
+		if err == nil {
+			_, err = bw.Write(body)
+		}
+		if err == nil {
+			err = bw.Flush()
+		}
+		hc.ReleaseWriter(bw)
+		if err != nil {
+			if ne, ok := err.(interface{ Timeout() bool }); ok && ne.Timeout() {
+				err = fasthttp.ErrTimeout
+			}
+			return fail(err)
+		}
 	}
 	var rd time.Time
 	if hc.ReadTimeout > 0 {
-		rd = time.Now().Add(hc.ReadTimeout)
+		// From before the write: a few microseconds earlier than the
+		// request's end, against a first-byte timeout of seconds.
+		rd = now.Add(hc.ReadTimeout)
 	}
 	if err := conn.SetReadDeadline(rd); err != nil {
 		return fail(err)
@@ -158,6 +190,13 @@ func roundTrip(hc *fasthttp.HostClient, call *upstreamCall, resp *fasthttp.Respo
 	br := hc.AcquireReader(conn)
 	if err := resp.ReadLimitBody(br, 0); err != nil {
 		hc.ReleaseReader(br)
+		if uc != nil {
+			if serr := uc.sendFailed(); serr != nil {
+				// fasthttp reports it as io.EOF: the request was not
+				// (all) sent.
+				err = serr
+			}
+		}
 		return fail(err)
 	}
 	b := &call.bodyStore

@@ -118,7 +118,7 @@ func dialUpstream(addr string, o *connOpts) (net.Conn, error) {
 	if err != nil {
 		return nil, &DialError{Addr: addr, Err: err}
 	}
-	uc := &upConn{Conn: c, o: o}
+	uc := &upConn{Conn: c, o: o, canSendFirst: rawio.CanSendFirst(c)}
 	if o.tls == nil {
 		return uc, nil
 	}
@@ -171,7 +171,8 @@ func dialTCP(addr string, timeout time.Duration) (net.Conn, error) {
 // reused connection; before letting it through, upConn checks that the
 // connection is still usable (alive, not idle past maxIdle, under
 // maxRequests) and otherwise fails the Write with errStaleConn, writing
-// nothing.
+// nothing. sendFirst is the same start of a request for roundTrip on a
+// rawio connection, its send and peek made by the answer's first Read.
 //
 // It also bounds the silence between reads: fasthttp sets the first-byte
 // deadline (HostClient.ReadTimeout) before it reads a response; once bytes
@@ -191,14 +192,40 @@ type upConn struct {
 	// arms the idle deadline. idleArmed: the socket's read deadline is an
 	// idle deadline (lastRead at arming + idle).
 	idlePending, idleArmed bool
+	// canSendFirst: the connection is rawio's, so sendFirst works.
+	// sentFirst: the next Read sends the request (and asks for quick
+	// ACKs) before it waits. sendErr: that send failed.
+	canSendFirst, sentFirst bool
+	sendErr                 error
 }
 
 func (c *upConn) Read(p []byte) (int, error) {
+	if c.sentFirst {
+		// This read sends the request first (and takes the connection out
+		// of delayed-ACK mode right after, when asked).
+		c.sentFirst = false
+		n, err := c.read(p)
+		var se *rawio.SendError
+		switch {
+		case errors.Is(err, rawio.ErrNotIdle):
+			// The peek before a reuse: found dead while idle, nothing sent.
+			c.sendErr = errStaleConn
+			return 0, c.sendErr
+		case errors.As(err, &se):
+			c.sendErr = &sendError{reused: c.requests > 1, err: se.Err}
+			return 0, c.sendErr
+		}
+		return n, err
+	}
 	if c.o.quickAck && !c.reading && c.requests > 0 {
 		// The first read of an answer. A failure means the socket is
 		// unusable; the read below reports that.
 		_ = rawio.QuickAck(c.Conn)
 	}
+	return c.read(p)
+}
+
+func (c *upConn) read(p []byte) (int, error) {
 	if c.idlePending {
 		c.idlePending, c.idleArmed = false, true
 		_ = c.Conn.SetReadDeadline(c.lastRead.Add(c.o.idle))
@@ -255,17 +282,56 @@ func (c *upConn) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// sendFirst starts a request as Write does (the same checks before a
+// reused connection carries another) but leaves head and body for the next
+// Read to send, in one writev(2) right before it waits for the answer
+// (rawio.SendFirst): the read that would find nothing yet is saved. On a
+// reused connection the peek that finds it dead runs inside that same
+// Read, after its wait is armed (so nothing the worker sends after it can
+// be missed); a dead one fails the Read with errStaleConn, nothing sent. It reports false, doing nothing, when the connection cannot
+// (not rawio's). A failure to send is that Read's error (errStaleConn or a
+// *sendError); since fasthttp reports any error before an answer's first
+// byte as io.EOF, sendFailed gives it back.
+func (c *upConn) sendFirst(head, body []byte) (bool, error) {
+	if !c.canSendFirst {
+		return false, nil
+	}
+	reused := c.requests > 0
+	if reused {
+		if err := c.underLimits(); err != nil {
+			return true, err
+		}
+	}
+	c.reading = false
+	c.requests++
+	c.sendErr = nil
+	c.sentFirst = rawio.SendFirst(c.Conn, head, body, c.o.quickAck, reused)
+	return true, nil
+}
+
+// sendFailed is the failure of the last request sendFirst left, or nil.
+func (c *upConn) sendFailed() error { return c.sendErr }
+
 // usable reports why a kept-alive connection must not carry another
 // request, or nil.
 func (c *upConn) usable() error {
+	if err := c.underLimits(); err != nil {
+		return err
+	}
+	if !peerOpen(c.Conn) {
+		return errStaleConn
+	}
+	return nil
+}
+
+// underLimits is usable without the peek: the engine's request limit and
+// idle timeout.
+func (c *upConn) underLimits() error {
 	if c.o.maxRequests > 0 && c.requests >= c.o.maxRequests {
 		return errConnRetired
 	}
 	if c.o.maxIdle > 0 && time.Since(c.lastRead) > c.o.maxIdle {
 		return fmt.Errorf("%w (idle past %v)", errStaleConn, c.o.maxIdle)
-	}
-	if !peerOpen(c.Conn) {
-		return errStaleConn
 	}
 	return nil
 }

@@ -389,3 +389,117 @@ func TestUpConnIdleDeadline(t *testing.T) {
 		})
 	}
 }
+
+// TestUpConnSendFirst: a request left for the answer's read (sendFirst)
+// goes out whole and the answer comes back; a failure to send it is a
+// *sendError (the request did not reach the worker, so it may be sent
+// again), kept for roundTrip because fasthttp reports any error before an
+// answer's first byte as io.EOF; and a reused connection gets Write's
+// checks first.
+func TestUpConnSendFirst(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dial := func(t *testing.T, o *connOpts) (*upConn, *net.TCPConn) {
+		t.Helper()
+		c, err := dialUpstream(ln.Addr().String(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(); peer.Close() })
+		uc, ok := c.(*upConn)
+		if !ok || !uc.canSendFirst {
+			t.Fatalf("dialUpstream gave %T (sendFirst %v), want an upConn over rawio", c, ok && uc.canSendFirst)
+		}
+		return uc, peer.(*net.TCPConn)
+	}
+	exchange := func(t *testing.T, uc *upConn, peer *net.TCPConn, head, body string) {
+		t.Helper()
+		if ok, err := uc.sendFirst([]byte(head), []byte(body)); !ok || err != nil {
+			t.Fatalf("sendFirst = %v, %v", ok, err)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			got := make([]byte, len(head)+len(body))
+			_, err := io.ReadFull(peer, got)
+			if err == nil && string(got) != head+body {
+				err = fmt.Errorf("the worker got %q", got)
+			}
+			if err == nil {
+				_, err = peer.Write([]byte("answer"))
+			}
+			errc <- err
+		}()
+		buf := make([]byte, 6)
+		if _, err := io.ReadFull(uc, buf); err != nil || string(buf) != "answer" {
+			t.Fatalf("answer %q, %v", buf, err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("request and answer, twice", func(t *testing.T) {
+		uc, peer := dial(t, &connOpts{maxIdle: time.Hour})
+		exchange(t, uc, peer, "req1 head|", "body1")
+		exchange(t, uc, peer, "req2 head|", "body2")
+		if uc.requests != 2 || uc.sendFailed() != nil {
+			t.Fatalf("requests %d, send failure %v; want 2, none", uc.requests, uc.sendFailed())
+		}
+	})
+	t.Run("reset before the send", func(t *testing.T) {
+		uc, peer := dial(t, &connOpts{maxIdle: time.Hour})
+		if err := peer.SetLinger(0); err != nil {
+			t.Fatal(err)
+		}
+		peer.Close()
+		wait.For(t, 5*time.Second, "the reset to arrive", func() bool { return !peerOpen(uc.Conn) })
+		if ok, err := uc.sendFirst([]byte("req"), nil); !ok || err != nil {
+			t.Fatalf("sendFirst on a new connection = %v, %v (no checks before the first request)", ok, err)
+		}
+		_, err := uc.Read(make([]byte, 8))
+		var se *sendError
+		if !errors.As(err, &se) || se.reused || !notSent(err) {
+			t.Fatalf("read: %v, want a *sendError of a new connection", err)
+		}
+		if got := uc.sendFailed(); got != err {
+			t.Fatalf("sendFailed = %v, want the read's %v", got, err)
+		}
+	})
+	t.Run("dead reused connection", func(t *testing.T) {
+		uc, peer := dial(t, &connOpts{maxIdle: time.Hour})
+		exchange(t, uc, peer, "req1|", "")
+		// Half-closed: the worker can still read what reaches it.
+		if err := peer.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		wait.For(t, 5*time.Second, "the FIN to arrive", func() bool { return !peerOpen(uc.Conn) })
+		// The peek runs in the read that sends.
+		if ok, err := uc.sendFirst([]byte("req2"), nil); !ok || err != nil {
+			t.Fatalf("sendFirst = %v, %v", ok, err)
+		}
+		_, err := uc.Read(make([]byte, 8))
+		if !errors.Is(err, errStaleConn) || !reusedNotSent(err) || uc.sendFailed() != err {
+			t.Fatalf("read on a dead reused connection: %v (kept: %v), want errStaleConn", err, uc.sendFailed())
+		}
+		// Nothing was sent: after the gateway's close the worker reads
+		// nothing more.
+		uc.Close()
+		got, err := io.ReadAll(peer)
+		if err != nil || string(got) != "" {
+			t.Fatalf("the worker read %q, %v after its close", got, err)
+		}
+	})
+	t.Run("limits before the send", func(t *testing.T) {
+		uc, peer := dial(t, &connOpts{maxIdle: time.Hour, maxRequests: 1})
+		exchange(t, uc, peer, "req1|", "")
+		if ok, err := uc.sendFirst([]byte("req2"), nil); !ok || !errors.Is(err, errConnRetired) {
+			t.Fatalf("sendFirst past the request limit = %v, %v; want errConnRetired", ok, err)
+		}
+	})
+}

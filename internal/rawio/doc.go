@@ -22,6 +22,10 @@
 // deadline, and the per-request timer changes of a proxy whose writes never
 // wait are saved.
 //
+// A client's request can be left for the read of its answer (SendFirst):
+// that read writes it after arming its wait, so its first read(2) comes
+// when the answer is there, not once before to find nothing (EAGAIN).
+//
 // What is lost: libraries that type-switch on *net.TCPConn no longer see
 // one. fasthttp sends a response larger than its write buffer as one
 // writev(2) only to a *net.TCPConn; here it is two writes, as on TLS.

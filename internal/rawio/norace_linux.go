@@ -5,3 +5,6 @@ package rawio
 func raceBeforeWrite([]byte) {}
 
 func raceAfterRead(uintptr, []byte, int) {}
+
+// raceEnabled: built with the race detector.
+const raceEnabled = false

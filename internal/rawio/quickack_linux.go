@@ -49,13 +49,8 @@ func (r *rw) quickAck() error {
 // syscall.Conn; anything else is an error. The call allocates nothing for
 // this package's connections.
 func QuickAck(c net.Conn) error {
-	var r *rw
-	switch x := c.(type) {
-	case *Conn:
-		r = &x.io
-	case *fileConn:
-		r = &x.io
-	default:
+	r := rwOf(c)
+	if r == nil {
 		sc, ok := c.(syscall.Conn)
 		if !ok {
 			return errNotSocket

@@ -34,3 +34,7 @@ func raceAfterRead(fd uintptr, p []byte, n int) {
 	}
 	syscall.Read(int(fd), nil)
 }
+
+// raceEnabled: built with the race detector (its annotations add system
+// calls, and allocations, of their own).
+const raceEnabled = true

@@ -33,6 +33,19 @@ type rw struct {
 	qerr    syscall.Errno
 	quickFn func(uintptr)
 
+	// first is what SendFirst left for the next read to write before it
+	// waits (head, body), hasFirst whether any of it is left; firstQuick
+	// asks for TCP_QUICKACK right after it, ferr is its write's error, iov
+	// the writev(2) vector's memory.
+	first       [2][]byte
+	hasFirst    bool
+	firstQuick  bool
+	firstPeek   bool // peek before sending; notIdle: the peek found the peer not idle
+	notIdle     bool
+	ferr        syscall.Errno
+	iov         [2]syscall.Iovec
+	sendFirstFn func(uintptr) bool
+
 	wd writeDeadline
 }
 
@@ -101,6 +114,7 @@ func (r *rw) init(setWriteDeadline func(time.Time) error) {
 	r.readFn = r.doRead
 	r.writeFn = r.doWrite
 	r.quickFn = r.doQuickAck
+	r.sendFirstFn = r.doSendFirst
 }
 
 // doRead is one read(2); false asks the poller to wait for readability.
@@ -149,8 +163,15 @@ func (r *rw) read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	if r.hasFirst {
+		return r.readAfterSend(p)
+	}
 	r.rbuf, r.rn, r.rerr = p, 0, 0
-	err := r.rc.Read(r.readFn)
+	return r.readDone(r.rc.Read(r.readFn))
+}
+
+// readDone ends a read whose poller call returned err.
+func (r *rw) readDone(err error) (int, error) {
 	r.rbuf = nil
 	if err == nil && r.rerr != 0 {
 		err = os.NewSyscallError("read", r.rerr)
@@ -164,8 +185,14 @@ func (r *rw) read(p []byte) (int, error) {
 	return r.rn, nil
 }
 
-// write writes all of p, waiting for the socket as needed.
+// write writes all of p, waiting for the socket as needed; bytes that
+// SendFirst left for the next read go first.
 func (r *rw) write(p []byte) (int, error) {
+	if r.hasFirst {
+		if _, err := r.writeFirst(); err != nil {
+			return 0, err
+		}
+	}
 	r.wbuf, r.wn, r.werr = p, 0, 0
 	err := r.rc.Write(r.writeFn)
 	r.wd.done()
@@ -193,6 +220,17 @@ func opError(op string, local, remote net.Addr, err error) error {
 type Conn struct {
 	*net.TCPConn
 	io rw
+}
+
+// rwOf is the raw I/O of one of this package's connections, or nil.
+func rwOf(c net.Conn) *rw {
+	switch x := c.(type) {
+	case *Conn:
+		return &x.io
+	case *fileConn:
+		return &x.io
+	}
+	return nil
 }
 
 // Wrap returns c as a *Conn when it is a *net.TCPConn, else c unchanged.
