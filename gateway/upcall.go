@@ -122,7 +122,8 @@ func roundTrip(hc *fasthttp.HostClient, call *upstreamCall, resp *fasthttp.Respo
 		}
 		return err
 	}
-	resp.ParseNetConn(conn)
+	// No resp.ParseNetConn: nothing reads the answer's addresses, and a
+	// dialed connection's local address costs a getsockname(2) when asked.
 	now := time.Now()
 	var wd time.Time
 	if hc.WriteTimeout > 0 {

@@ -17,7 +17,9 @@ import (
 // DialTCP connects to addr, an IP literal and port, with raw socket(2),
 // setsockopt(2) (TCP_NODELAY, as net.Dial sets it) and connect(2), waits
 // for the connection through the runtime poller within ctx's deadline, and
-// returns a connection whose Read and Write are raw as Conn's are.
+// returns a connection whose Read and Write are raw as Conn's are. Its
+// LocalAddr is asked of the kernel (getsockname(2)) only when first called:
+// a connection opened for one request usually never needs it.
 //
 // Why not net.Dialer: a dial through package net is six or seven system
 // calls in the scheduler's syscall state (the loopback connect(2) alone runs
@@ -101,12 +103,7 @@ func dial(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
 			return nil, err
 		}
 	}
-	local, err := localAddr(rc)
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	fc := &fileConn{f: f, local: local, remote: net.TCPAddrFromAddrPort(ap)}
+	fc := &fileConn{f: f, remote: net.TCPAddrFromAddrPort(ap)}
 	fc.io.rc = rc
 	fc.io.init(f.SetWriteDeadline)
 	return fc, nil
@@ -125,22 +122,10 @@ func waitConnected(ctx context.Context, f *os.File, rc syscall.RawConn) error {
 	defer stop()
 	var cerr error
 	werr := rc.Write(func(fd uintptr) bool {
-		var soerr int32
-		l := uint32(4)
-		if _, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.SOL_SOCKET, syscall.SO_ERROR, uintptr(unsafe.Pointer(&soerr)), uintptr(unsafe.Pointer(&l)), 0); e != 0 {
-			cerr = os.NewSyscallError("getsockopt", e)
-			return true
-		}
-		switch e := syscall.Errno(soerr); e {
-		case 0:
-		case syscall.EINPROGRESS, syscall.EALREADY, syscall.EINTR:
-			return false
-		default:
-			cerr = os.NewSyscallError("connect", e)
-			return true
-		}
-		// SO_ERROR 0 before the handshake ends: connected only when the
-		// peer has a name.
+		// A peer name means connected: one system call on the usual
+		// path (the poller's first call comes right after connect(2),
+		// whose loopback handshake is already done). Without one the
+		// connect is in progress or failed, which SO_ERROR tells.
 		var sa [128]byte
 		sl := uint32(len(sa))
 		_, _, e := syscall.RawSyscall(syscall.SYS_GETPEERNAME, fd, uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&sl)))
@@ -148,9 +133,23 @@ func waitConnected(ctx context.Context, f *os.File, rc syscall.RawConn) error {
 		case 0:
 			return true
 		case syscall.ENOTCONN:
-			return false
 		default:
 			cerr = os.NewSyscallError("getpeername", e)
+			return true
+		}
+		var soerr int32
+		l := uint32(4)
+		if _, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.SOL_SOCKET, syscall.SO_ERROR, uintptr(unsafe.Pointer(&soerr)), uintptr(unsafe.Pointer(&l)), 0); e != 0 {
+			cerr = os.NewSyscallError("getsockopt", e)
+			return true
+		}
+		switch e := syscall.Errno(soerr); e {
+		case 0, syscall.EINPROGRESS, syscall.EALREADY, syscall.EINTR:
+			// Still connecting (SO_ERROR stays 0 until the handshake
+			// ends one way or the other): wait for writability.
+			return false
+		default:
+			cerr = os.NewSyscallError("connect", e)
 			return true
 		}
 	})

@@ -284,9 +284,13 @@ func (c *Conn) Write(p []byte) (int, error) {
 // watches, read and written raw. Deadlines are the File's, the write
 // deadline passed on only when a write waits (writeDeadline).
 type fileConn struct {
-	f             *os.File
-	io            rw
-	local, remote *net.TCPAddr
+	f      *os.File
+	io     rw
+	remote *net.TCPAddr
+	// local is asked of the kernel when LocalAddr is first called, and
+	// kept (nil when the socket could no longer say, after Close).
+	localOnce sync.Once
+	local     *net.TCPAddr
 	// closed is set before the File is closed: the File's raw calls then
 	// fail with the poller's "use of closed file", reported as
 	// net.ErrClosed like a closed net.Conn's.
@@ -304,7 +308,7 @@ var (
 func (c *fileConn) Read(p []byte) (int, error) {
 	n, err := c.io.read(p)
 	if err != nil {
-		return n, opError("read", c.local, c.remote, c.closedAsNet(err))
+		return n, c.opError("read", c.closedAsNet(err))
 	}
 	return n, nil
 }
@@ -312,7 +316,7 @@ func (c *fileConn) Read(p []byte) (int, error) {
 func (c *fileConn) Write(p []byte) (int, error) {
 	n, err := c.io.write(p)
 	if err != nil {
-		return n, opError("write", c.local, c.remote, c.closedAsNet(err))
+		return n, c.opError("write", c.closedAsNet(err))
 	}
 	return n, nil
 }
@@ -321,10 +325,10 @@ func (c *fileConn) Write(p []byte) (int, error) {
 // scheduler sees).
 func (c *fileConn) Close() error {
 	if c.closed.Swap(true) {
-		return opError("close", c.local, c.remote, net.ErrClosed)
+		return c.opError("close", net.ErrClosed)
 	}
 	if err := c.f.Close(); err != nil {
-		return opError("close", c.local, c.remote, err)
+		return c.opError("close", err)
 	}
 	return nil
 }
@@ -335,15 +339,33 @@ func (c *fileConn) CloseWrite() error {
 	if err := c.io.rc.Control(func(fd uintptr) {
 		_, _, e = syscall.RawSyscall(syscall.SYS_SHUTDOWN, fd, syscall.SHUT_WR, 0)
 	}); err != nil {
-		return opError("close", c.local, c.remote, c.closedAsNet(err))
+		return c.opError("close", c.closedAsNet(err))
 	}
 	if e != 0 {
-		return opError("close", c.local, c.remote, os.NewSyscallError("shutdown", e))
+		return c.opError("close", os.NewSyscallError("shutdown", e))
 	}
 	return nil
 }
 
-func (c *fileConn) LocalAddr() net.Addr               { return c.local }
+// opError is opError with c's addresses; the local one is asked for only
+// here, on a failure (io.EOF is no failure and passes unwrapped).
+func (c *fileConn) opError(op string, err error) error {
+	if err == io.EOF {
+		return err
+	}
+	return opError(op, c.LocalAddr(), c.remote, err)
+}
+
+// LocalAddr is the connection's own address, asked of the kernel on the
+// first call (nil once the socket is closed before anyone asked).
+func (c *fileConn) LocalAddr() net.Addr {
+	c.localOnce.Do(func() { c.local, _ = localAddr(c.io.rc) })
+	if c.local == nil {
+		return nil
+	}
+	return c.local
+}
+
 func (c *fileConn) RemoteAddr() net.Addr              { return c.remote }
 func (c *fileConn) SetReadDeadline(t time.Time) error { return c.f.SetReadDeadline(t) }
 
