@@ -162,6 +162,8 @@ type samples struct {
 	firstErr         string
 	warmed           bool
 	client           *fasthttp.HostClient
+	// turns is each slice's share of ok and wall, in round order.
+	turns []turn
 }
 
 // result summarises the samples.
@@ -179,6 +181,15 @@ func (s *samples) result() TargetResult {
 	}
 	if s.wall > 0 {
 		res.Throughput = float64(s.ok) / s.wall.Seconds()
+	}
+	if len(s.turns) > 1 {
+		for _, t := range s.turns {
+			rps := 0.0
+			if t.wall > 0 {
+				rps = float64(t.ok) / t.wall.Seconds()
+			}
+			res.SliceRPS = append(res.SliceRPS, rps)
+		}
 	}
 	return res
 }

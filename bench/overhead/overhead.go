@@ -246,6 +246,9 @@ type TargetResult struct {
 	Wall    time.Duration `json:"wall_ns"`
 	// Throughput is completed requests per second.
 	Throughput float64 `json:"throughput_rps"`
+	// SliceRPS is the throughput of each of the target's slices, in
+	// round order (only when the run had more than one round).
+	SliceRPS []float64 `json:"slice_rps,omitempty"`
 	// Latency is per request: from the send (the moment the request is
 	// handed to the client, in both modes) to the last byte of the
 	// response.
@@ -305,6 +308,9 @@ type Report struct {
 	Started   time.Time      `json:"started"`
 	Partial   bool           `json:"partial"`
 	Results   []TargetResult `json:"results"`
+	// Paired compares each llmgw target with every other target round by
+	// round (when the run had at least two rounds; see PairedRatio).
+	Paired []PairedRatio `json:"paired,omitempty"`
 }
 
 // Result returns target's result, or nil.
@@ -466,7 +472,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if t.pgid != 0 {
 				before, _ = readGroupUsage(t.pgid)
 			}
+			ok0, wall0 := a.ok, a.wall
 			load(ctx, cfg, t.addr, body, a, d, cfg.MaxRequests-a.ok-a.errs)
+			a.turns = append(a.turns, turn{ok: a.ok - ok0, wall: a.wall - wall0})
 			if t.pgid != 0 {
 				// Read after the slice's last answer: the CPU its
 				// requests cost, nothing from the other targets' turns.
@@ -498,6 +506,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		rep.Results = append(rep.Results, res)
 	}
+	names, turns, skipped := make([]string, len(targets)), make([][]turn, len(targets)), make([]bool, len(targets))
+	for i, t := range targets {
+		names[i], turns[i], skipped[i] = t.name, accs[i].turns, t.skipped != ""
+	}
+	rep.Paired = pairedRatios(names, turns, skipped, slice)
 	if d := rep.Result(Direct); d != nil {
 		for i := range rep.Results {
 			r := &rep.Results[i]

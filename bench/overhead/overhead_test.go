@@ -84,6 +84,24 @@ func TestShortRunOnLoopback(t *testing.T) {
 			if measured < 2 {
 				t.Errorf("measured %d targets; want at least direct and llmgw", measured)
 			}
+			if cfg.Slice > 0 {
+				// Several rounds: each target's slices, and llmgw
+				// compared with direct round by round.
+				for _, r := range rep.Results {
+					if r.Skipped == "" && len(r.SliceRPS) < 2 {
+						t.Errorf("%s: slice throughputs %v; want one per round, several rounds", r.Target, r.SliceRPS)
+					}
+				}
+				var p *PairedRatio
+				for i := range rep.Paired {
+					if rep.Paired[i].A == LLMGWEmbedded && rep.Paired[i].B == Direct {
+						p = &rep.Paired[i]
+					}
+				}
+				if p == nil || p.Turns < 2 || p.Median <= 0 || (p.Low != 0 && !(p.Low <= p.Median && p.Median <= p.High)) {
+					t.Errorf("paired ratios %+v; want llmgw-embedded / direct over several rounds, its interval around its median", rep.Paired)
+				}
+			}
 			var md bytes.Buffer
 			if err := WriteMarkdown(&md, rep); err != nil || !strings.Contains(md.String(), "| llmgw-embedded |") {
 				t.Errorf("markdown %q (err %v); want an llmgw-embedded row", md.String(), err)
@@ -233,7 +251,18 @@ func TestMarkdownGolden(t *testing.T) {
 				AddedP50: 70 * time.Microsecond, AddedP99: 11700 * time.Microsecond, Dropped: 3},
 			{Target: HAProxy, Skipped: "not installed (make bench-deps)"},
 		}}
+	// Six rounds of 1 s: the per-slice figures, and llmgw against the
+	// others round by round (nginx's last round was cut short, so five
+	// rounds: no interval).
+	rep.Results[0].SliceRPS = []float64{5100, 5000, 4900, 5050, 4950, 5000}
+	rep.Results[1].SliceRPS = []float64{4950, 4800, 4850, 4900, 4890, 4870}
+	rep.Results[2].SliceRPS = []float64{4800, 4700, 4650, 4720, 4760, 10}
+	rep.Paired = []PairedRatio{
+		{A: LLMGW, B: Direct, Turns: 6, Median: 0.975, Low: 0.9706, High: 0.9880},
+		{A: LLMGW, B: Nginx, Turns: 5, Median: 1.0313},
+	}
 	stream := *rep
+	stream.Paired = nil
 	stream.Mode, stream.Concurrency, stream.Stream, stream.DecodePerToken = ClosedLoop, 8, true, 100*time.Microsecond
 	stream.Results = []TargetResult{
 		{Target: Direct, Requests: 500, Throughput: 400, Latency: lat(3*time.Millisecond, 4*time.Millisecond), Chunks: lat(1500*time.Microsecond, 3*time.Millisecond)},

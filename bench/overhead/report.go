@@ -108,6 +108,17 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	if len(ratios) > 0 {
 		fmt.Fprintf(&b, "\n%s (same run).\n", strings.Join(ratios, "; "))
 	}
+	if len(r.Paired) > 0 {
+		var ps []string
+		for _, p := range r.Paired {
+			if p.Low > 0 {
+				ps = append(ps, fmt.Sprintf("%s / %s median %.2fx, 95%% CI %.2f–%.2fx over %d rounds", p.A, p.B, p.Median, p.Low, p.High, p.Turns))
+			} else {
+				ps = append(ps, fmt.Sprintf("%s / %s median %.2fx over %d rounds (too few for a 95%% interval: %d needed)", p.A, p.B, p.Median, p.Turns, minTurnsForCI))
+			}
+		}
+		fmt.Fprintf(&b, "\nThroughput round by round (each round's slices compared; the interval is the median's, distribution-free): %s.\n", strings.Join(ps, "; "))
+	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return fmt.Errorf("overhead: write markdown: %w", err)
 	}

@@ -101,7 +101,13 @@ schedule is reported beside it; sends are dropped and counted when
 --concurrency clients busy. --stream sends streaming requests and also
 reports when SSE chunks arrive, and the added latency per chunk.
 
-Each target gets at most --duration and --requests, in turns of --slice. Every target is probed
+Each target gets at most --duration and --requests, in turns of --slice. With
+two rounds of turns or more the report also gives each target's throughput
+per slice and compares llmgw with every other target round by round (the
+two turns of a round run under nearly the same machine state): the median
+of the rounds' ratios and, from six rounds, a distribution-free 95%
+confidence interval for it, which tells a real difference from the run's
+own variation (--duration 20s --slice 1s gives 20 rounds). Every target is probed
 with one request before any load is sent; an unreachable one ends the run.`,
 		Example: `  llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --concurrency 32
   llmgw bench overhead --mode open --rps 5000 --duration 10s
