@@ -9,10 +9,10 @@ import (
 	"net"
 	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/testnet"
 	"github.com/llmgw/llmgw/internal/wait"
 )
 
@@ -80,32 +80,8 @@ func TestDialTCPWaitsForTheHandshake(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for a SYN retransmission (about 1 s)")
 	}
-	// A listener with an accept queue of one: the first connection fills
-	// it, the next one's SYN is dropped until that one is accepted.
-	lfd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lf := os.NewFile(uintptr(lfd), "listener")
-	defer lf.Close()
-	if err := syscall.Bind(lfd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(lfd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(lfd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := sa.(*syscall.SockaddrInet4).Port
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	first, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Close()
-
+	fl := testnet.NewFullListener(t)
+	addr, port := fl.Addr.String(), fl.Addr.Port
 	type result struct {
 		c   net.Conn
 		err error
@@ -117,7 +93,7 @@ func TestDialTCPWaitsForTheHandshake(t *testing.T) {
 		c, _, err := DialTCP(ctx, addr)
 		done <- result{c, err}
 	}()
-	// The second connection is in SYN_SENT (state 02 in /proc/net/tcp)
+	// The dial's connection is in SYN_SENT (state 02 in /proc/net/tcp)
 	// towards the listener: its SYN was dropped.
 	remote := fmt.Sprintf(" 0100007F:%04X 02 ", port)
 	wait.ForErr(t, 10*time.Second, "a connection in SYN_SENT to the listener", func() error {
@@ -135,28 +111,22 @@ func TestDialTCPWaitsForTheHandshake(t *testing.T) {
 		t.Fatalf("DialTCP returned %v, %v before the listener had room", r.c, r.err)
 	default:
 	}
-	// Make room: accept the first connection. The retransmitted SYN then
-	// completes the second.
-	nfd, _, err := syscall.Accept4(lfd, syscall.SOCK_CLOEXEC)
-	if err != nil {
+	// Make room: accept one of the queued connections. The retransmitted
+	// SYN then completes the dial's.
+	if _, err := fl.Accept(); err != nil {
 		t.Fatal(err)
 	}
-	defer syscall.Close(nfd)
 	r := <-done
 	if r.err != nil {
 		t.Fatalf("DialTCP after the wait: %v", r.err)
 	}
 	defer r.c.Close()
-	sfd, _, err := syscall.Accept4(lfd, syscall.SOCK_CLOEXEC)
+	// The dialed connection is the next in the queue.
+	peer, err := fl.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer syscall.Close(sfd)
-	psa, err := syscall.Getpeername(sfd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := r.c.LocalAddr().(*net.TCPAddr).Port, psa.(*syscall.SockaddrInet4).Port; got != want {
+	if got, want := r.c.LocalAddr().(*net.TCPAddr).Port, peer.Port; got != want {
 		t.Fatalf("LocalAddr port %d; the listener accepted port %d", got, want)
 	}
 	if _, err := r.c.Write([]byte("x")); err != nil {
