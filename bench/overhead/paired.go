@@ -88,15 +88,17 @@ func medianCI(v []float64) (med, lo, hi float64, ok bool) {
 }
 
 // pairedRatios compares each llmgw target with every other measured
-// target, round by round.
+// target, round by round (the two llmgw targets with each other once, not
+// also inverted).
 func pairedRatios(names []string, turns [][]turn, skipped []bool, slice time.Duration) []PairedRatio {
+	isGW := func(n string) bool { return n == LLMGW || n == LLMGWEmbedded }
 	var out []PairedRatio
 	for i, a := range names {
-		if (a != LLMGW && a != LLMGWEmbedded) || skipped[i] {
+		if !isGW(a) || skipped[i] {
 			continue
 		}
 		for j, b := range names {
-			if j == i || skipped[j] {
+			if j == i || skipped[j] || (isGW(b) && j < i) {
 				continue
 			}
 			r := pairTurns(turns[i], turns[j], slice/2)

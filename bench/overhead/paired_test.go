@@ -2,6 +2,7 @@ package overhead
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -100,5 +101,14 @@ func TestPairTurns(t *testing.T) {
 	}
 	if ps[1].Median != 1.5 || ps[1].Low != 0 {
 		t.Fatalf("llmgw/nginx = %+v; want median 1.5 and no interval (3 rounds)", ps[1])
+	}
+	// Both llmgw targets: compared once, not also the other way round.
+	ps = pairedRatios([]string{Direct, LLMGW, LLMGWEmbedded}, [][]turn{b, a, b}, []bool{false, false, false}, s)
+	var names []string
+	for _, p := range ps {
+		names = append(names, p.A+"/"+p.B)
+	}
+	if got, want := strings.Join(names, " "), "llmgw/direct llmgw/llmgw-embedded llmgw-embedded/direct"; got != want {
+		t.Fatalf("pairs %q; want %q", got, want)
 	}
 }

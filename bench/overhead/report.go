@@ -111,7 +111,7 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	if len(r.Paired) > 0 {
 		var ps []string
 		for _, p := range r.Paired {
-			if p.Low > 0 {
+			if p.Turns >= minTurnsForCI {
 				ps = append(ps, fmt.Sprintf("%s / %s median %.2fx, 95%% CI %.2f–%.2fx over %d rounds", p.A, p.B, p.Median, p.Low, p.High, p.Turns))
 			} else {
 				ps = append(ps, fmt.Sprintf("%s / %s median %.2fx over %d rounds (too few for a 95%% interval: %d needed)", p.A, p.B, p.Median, p.Turns, minTurnsForCI))
