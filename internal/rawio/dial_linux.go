@@ -47,65 +47,23 @@ func dial(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
 	if err := ctxErr(ctx); err != nil {
 		return nil, err
 	}
-	family := syscall.AF_INET
-	if ap.Addr().Is6() {
-		family = syscall.AF_INET6
-	}
-	fd, _, e := syscall.RawSyscall(syscall.SYS_SOCKET, uintptr(family), syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, syscall.IPPROTO_TCP)
-	if e != 0 {
-		return nil, os.NewSyscallError("socket", e)
-	}
-	one := int32(1)
-	if _, _, e := syscall.RawSyscall6(syscall.SYS_SETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, uintptr(unsafe.Pointer(&one)), 4, 0); e != 0 {
-		closeRaw(fd)
-		return nil, os.NewSyscallError("setsockopt", e)
-	}
-	sa, salen := sockaddr(ap)
-	inProgress := false
-	for {
-		_, _, e = syscall.RawSyscall(syscall.SYS_CONNECT, fd, uintptr(unsafe.Pointer(&sa[0])), uintptr(salen))
-		if e == syscall.EINTR {
-			continue
-		}
-		break
-	}
-	switch e {
-	case 0:
-	case syscall.EINPROGRESS, syscall.EALREADY:
-		inProgress = true
-	default:
-		closeRaw(fd)
-		return nil, os.NewSyscallError("connect", e)
-	}
-	// A non-blocking socket descriptor: os.NewFile registers it with the
-	// runtime poller (no scheduler-visible system call: F_GETFL goes
-	// through the runtime's own fcntl). From here the File owns fd.
-	f := os.NewFile(fd, "tcp")
-	if f == nil {
-		closeRaw(fd)
-		return nil, errors.New("rawio: NewFile refused the socket")
-	}
-	// NewFile falls back to a blocking, unpolled File when the poller
-	// refuses the descriptor; such a File has no deadlines (ErrNoDeadline)
-	// and would block a thread per wait: refuse it here, not later.
-	if err := f.SetDeadline(time.Time{}); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("rawio: the runtime poller did not take the socket: %w", err)
-	}
-	rc, err := f.SyscallConn()
+	fd, inProgress, err := Connect(ap)
 	if err != nil {
-		f.Close()
+		return nil, err
+	}
+	// From here the connection owns fd (os.NewFile registers it with the
+	// runtime poller: no scheduler-visible system call, F_GETFL goes
+	// through the runtime's own fcntl).
+	fc, err := newFileConn(fd, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+	if err != nil {
 		return nil, err
 	}
 	if inProgress {
-		if err := waitConnected(ctx, f, rc); err != nil {
-			f.Close()
+		if err := waitConnected(ctx, fc.f, fc.io.rc); err != nil {
+			fc.f.Close()
 			return nil, err
 		}
 	}
-	fc := &fileConn{f: f, remote: net.TCPAddrFromAddrPort(ap)}
-	fc.io.rc = rc
-	fc.io.init(f.SetWriteDeadline)
 	return fc, nil
 }
 
@@ -122,36 +80,9 @@ func waitConnected(ctx context.Context, f *os.File, rc syscall.RawConn) error {
 	defer stop()
 	var cerr error
 	werr := rc.Write(func(fd uintptr) bool {
-		// A peer name means connected: one system call on the usual
-		// path (the poller's first call comes right after connect(2),
-		// whose loopback handshake is already done). Without one the
-		// connect is in progress or failed, which SO_ERROR tells.
-		var sa [128]byte
-		sl := uint32(len(sa))
-		_, _, e := syscall.RawSyscall(syscall.SYS_GETPEERNAME, fd, uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&sl)))
-		switch e {
-		case 0:
-			return true
-		case syscall.ENOTCONN:
-		default:
-			cerr = os.NewSyscallError("getpeername", e)
-			return true
-		}
-		var soerr int32
-		l := uint32(4)
-		if _, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.SOL_SOCKET, syscall.SO_ERROR, uintptr(unsafe.Pointer(&soerr)), uintptr(unsafe.Pointer(&l)), 0); e != 0 {
-			cerr = os.NewSyscallError("getsockopt", e)
-			return true
-		}
-		switch e := syscall.Errno(soerr); e {
-		case 0, syscall.EINPROGRESS, syscall.EALREADY, syscall.EINTR:
-			// Still connecting (SO_ERROR stays 0 until the handshake
-			// ends one way or the other): wait for writability.
-			return false
-		default:
-			cerr = os.NewSyscallError("connect", e)
-			return true
-		}
+		var done bool
+		done, cerr = connectState(fd)
+		return done
 	})
 	if werr != nil {
 		if err := ctxErr(ctx); err != nil {
