@@ -1,7 +1,7 @@
 # llmgw — build, test and measure. `make test` is what CI runs (.ci/run).
 GO        ?= go
 PKGS      := ./...
-RACE_PKGS := ./gateway/... ./internal/rawio/ ./internal/peerwatch/
+RACE_PKGS := ./gateway/... ./internal/rawio/ ./internal/peerwatch/ ./internal/evloop/ ./internal/h1/
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME  ?= 60s
 
@@ -40,7 +40,10 @@ test: lint unit
 
 unit:
 	$(GO) test -race -count=1 $(RACE_PKGS)
-	$(GO) test -count=1 $$($(GO) list $(PKGS) | grep -v -e '/gateway' -e '/reliability' -e '/internal/rawio' -e '/internal/peerwatch')
+	# The gateway suite again on the goroutine plane (the loop plane is the
+	# default on Linux; every data-plane test must hold on both).
+	LLMGW_TEST_DATA_PLANE=goroutine $(GO) test -count=1 ./gateway/
+	$(GO) test -count=1 $$($(GO) list $(PKGS) | grep -v -e '/gateway' -e '/reliability' -e '/internal/rawio' -e '/internal/peerwatch' -e '/internal/evloop' -e '/internal/h1')
 	$(MAKE) test-faults
 
 lint: fmt-check vet staticcheck

@@ -62,7 +62,11 @@ func (l *decisionLog) add(rule, endpoint, reason string, id []byte, spill int, k
 
 // addLeg records one decision of a P/D leg (leg "prefill" or "decode").
 func (l *decisionLog) addLeg(rule, leg, endpoint, reason string, id []byte, spill int, kv *kvChoice, epChosen string) {
-	now := time.Now().UnixNano()
+	l.addAt(time.Now().UnixNano(), rule, leg, endpoint, reason, id, spill, kv, epChosen)
+}
+
+// addAt records one decision made at unix nanoseconds now.
+func (l *decisionLog) addAt(now int64, rule, leg, endpoint, reason string, id []byte, spill int, kv *kvChoice, epChosen string) {
 	l.mu.Lock()
 	sl := &l.ring[l.next%uint64(len(l.ring))]
 	l.next++

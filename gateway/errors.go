@@ -196,7 +196,7 @@ func afterSendText(err error) string {
 	case errors.Is(err, fasthttp.ErrConnectionClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
 		return "closed the connection before the answer was complete"
-	case errors.As(err, &small):
+	case errors.As(err, &small), errors.Is(err, errAnswerHeadTooLarge):
 		return "sent a response header block over the read buffer"
 	default:
 		return "sent a response that could not be parsed"
@@ -215,12 +215,7 @@ func logErrText(err error) string {
 
 // writeError answers ctx with err as an OpenAI error body.
 func writeError(ctx *fasthttp.RequestCtx, err error) {
-	status, typ, code := statusFor(err)
-	var body apiError
-	body.Error.Message = err.Error()
-	body.Error.Type = typ
-	body.Error.Code = code
-	b, _ := json.Marshal(&body)
+	status, b := errorJSON(err)
 	ctx.Response.Reset()
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
@@ -237,15 +232,22 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.SetBody(b)
 }
 
+// errorJSON is err's status and OpenAI error body.
+func errorJSON(err error) (status int, body []byte) {
+	status, typ, code := statusFor(err)
+	var e apiError
+	e.Error.Message = err.Error()
+	e.Error.Type = typ
+	e.Error.Code = code
+	// A struct of strings always marshals.
+	body, _ = json.Marshal(&e)
+	return status, body
+}
+
 // sseErrorEvent is the event a stream ends with when its worker fails after
 // the response began: clients see an error, never a silent truncation.
 func sseErrorEvent(err error) []byte {
-	_, typ, code := statusFor(err)
-	var body apiError
-	body.Error.Message = err.Error()
-	body.Error.Type = typ
-	body.Error.Code = code
-	b, _ := json.Marshal(&body)
+	_, b := errorJSON(err)
 	out := make([]byte, 0, len(b)+32)
 	out = append(out, "data: "...)
 	out = append(out, b...)

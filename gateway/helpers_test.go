@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -121,13 +122,72 @@ func (b *backend) close() {
 	<-b.done
 }
 
+// testPlane is the data plane the suite runs on: LLMGW_TEST_DATA_PLANE
+// ("loop", "goroutine"), or the gateway's default when unset. `make test`
+// runs the suite on each.
+var testPlane = os.Getenv("LLMGW_TEST_DATA_PLANE")
+
+// keptUpstream is how many kept (pooled) connections s holds to rt's
+// endpoint i, on the plane serving rt. Only for engines that serve a
+// limited number of connections (keptConns): the loop plane counts those
+// over its loops.
+func (s *Server) keptUpstream(t *testing.T, rt *ruleRuntime, i int) int {
+	t.Helper()
+	if s.plane() != PlaneLoop || rt.loopEPs == nil {
+		return rt.clients[i].ConnsCount()
+	}
+	if keptConns(rt.conn) == 0 {
+		t.Fatal("keptUpstream: the loop plane counts kept connections only for engines with a limit")
+	}
+	s.clientsMu.Lock()
+	k := s.kept[loopKey(rt, i)]
+	s.clientsMu.Unlock()
+	if k == nil {
+		return 0
+	}
+	return int(k.n.Load())
+}
+
+// openConnsTo counts the established TCP connections of this process's
+// network namespace to addr (one end's remote address): the gateway's
+// connections to a worker, kept or one-shot, whichever plane made them.
+func openConnsTo(t *testing.T, addr string) int {
+	t.Helper()
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) < 4 || fs[3] != "01" { // ESTABLISHED
+				continue
+			}
+			i := strings.LastIndexByte(fs[2], ':')
+			if i < 0 {
+				continue
+			}
+			port, err := strconv.ParseUint(fs[2][i+1:], 16, 16)
+			if err == nil && uint16(port) == ap.Port() {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // startGateway starts a gateway on loopback ports with a fresh state dir.
 func startGateway(t *testing.T, dir string, mod func(*Config)) *Server {
 	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	cfg := Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: dir,
+	cfg := Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: dir, DataPlane: testPlane,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if mod != nil {
 		mod(&cfg)

@@ -125,7 +125,7 @@ func TestUpstreamURI(t *testing.T) {
 			if err := req.Read(bufio.NewReader(strings.NewReader("POST " + tc.target + " HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\n\r\n"))); err != nil {
 				t.Fatal(err)
 			}
-			if got := string(upstreamURI(&req)); got != tc.want {
+			if got := string(upstreamURI(&req.Header, req.URI())); got != tc.want {
 				t.Errorf("upstreamURI = %q, want %q", got, tc.want)
 			}
 		})

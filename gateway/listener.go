@@ -37,21 +37,14 @@ const (
 // which /readyz reports.
 type retryListener struct {
 	net.Listener
-	addr    string
-	errs    *prometheus.CounterVec // by listener and reason
-	log     *slog.Logger
-	done    chan struct{}
-	once    sync.Once
-	failing atomic.Bool
-
-	mu       sync.Mutex
-	lastErr  string    // the latest accept error while failing
-	lastLog  time.Time // when the latest log line was written
-	unlogged int       // failures since that line
+	acceptStatus
+	errs *prometheus.CounterVec // by listener and reason
+	done chan struct{}
+	once sync.Once
 }
 
 func newRetryListener(ln net.Listener, errs *prometheus.CounterVec, log *slog.Logger) *retryListener {
-	return &retryListener{Listener: ln, addr: ln.Addr().String(), errs: errs, log: log, done: make(chan struct{})}
+	return &retryListener{Listener: ln, acceptStatus: acceptStatus{addr: ln.Addr().String(), log: log}, errs: errs, done: make(chan struct{})}
 }
 
 func (l *retryListener) Accept() (net.Conn, error) {
@@ -73,7 +66,6 @@ func (l *retryListener) Accept() (net.Conn, error) {
 			}
 			return nil, err
 		}
-		l.failing.Store(true)
 		l.errs.WithLabelValues(l.addr, reason).Inc()
 		l.note(err)
 		t := time.NewTimer(delay)
@@ -87,32 +79,45 @@ func (l *retryListener) Accept() (net.Conn, error) {
 	}
 }
 
-// note records err as the latest failure and logs it at most once per
-// acceptLogEvery.
-func (l *retryListener) note(err error) {
-	l.mu.Lock()
-	l.lastErr = err.Error()
-	l.unlogged++
-	now := time.Now()
-	if now.Sub(l.lastLog) < acceptLogEvery {
-		l.mu.Unlock()
-		return
-	}
-	n := l.unlogged
-	l.lastLog, l.unlogged = now, 0
-	l.mu.Unlock()
-	l.log.Error("data listener cannot accept connections; retrying", "addr", l.addr, "err", err, "failures", n)
+// acceptStatus is a listener's accept health for /readyz: failing while
+// accepting fails for want of resources, with the latest error, logged at
+// most once per acceptLogEvery.
+type acceptStatus struct {
+	addr    string
+	log     *slog.Logger
+	failing atomic.Bool
+
+	mu       sync.Mutex
+	lastErr  string
+	lastLog  time.Time
+	unlogged int
 }
 
-// acceptState reports whether accepting currently fails, and why.
-func (l *retryListener) acceptState() (failing bool, lastErr string) {
-	if !l.failing.Load() {
+func (a *acceptStatus) note(err error) {
+	a.failing.Store(true)
+	a.mu.Lock()
+	a.lastErr = err.Error()
+	a.unlogged++
+	now := time.Now()
+	if now.Sub(a.lastLog) < acceptLogEvery {
+		a.mu.Unlock()
+		return
+	}
+	n := a.unlogged
+	a.lastLog, a.unlogged = now, 0
+	a.mu.Unlock()
+	a.log.Error("data listener cannot accept connections; retrying", "addr", a.addr, "err", err, "failures", n)
+}
+
+func (a *acceptStatus) acceptState() (bool, string) {
+	if !a.failing.Load() {
 		return false, ""
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return true, l.lastErr
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return true, a.lastErr
 }
+
 
 func (l *retryListener) Close() error {
 	l.once.Do(func() { close(l.done) })

@@ -25,6 +25,7 @@ type metrics struct {
 	clientFault5xx     *prometheus.CounterVec
 	clientCancels      *prometheus.CounterVec
 	acceptErrors       *prometheus.CounterVec
+	loopHandoffs       *prometheus.CounterVec
 	budgetExceeded     *prometheus.CounterVec
 	streamErrors       *prometheus.CounterVec
 	breakerTransitions *prometheus.CounterVec
@@ -98,10 +99,16 @@ func newMetrics(s *Server) *metrics {
 	m.acceptErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmgw_accept_errors_total", Help: "Failed accepts on a data-plane listener that were retried after a back-off, by listener address and reason (emfile, enfile, enobufs, enomem, aborted, timeout).",
 	}, []string{"listener", "reason"})
+	m.loopHandoffs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_loop_handoffs_total", Help: "Client connections the loop plane handed to the goroutine plane, by the reason its request was not one the loop plane serves (http10, chunked_body, expect, too_large, malformed, route, rejected, rule); the goroutine plane answers that request and the connection's later ones.",
+	}, []string{"reason"})
+	for _, r := range handoffReasons {
+		m.loopHandoffs.WithLabelValues(r)
+	}
 	m.budgetExceeded = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmgw_buffer_budget_exceeded_total", Help: "Responses that did not fit in the buffer budget, by outcome: streamed (relayed unbuffered instead) or refused (503: the client needed a buffered answer).",
 	}, []string{"outcome"})
-	reg.MustRegister(m.acceptErrors, m.budgetExceeded,
+	reg.MustRegister(m.acceptErrors, m.loopHandoffs, m.budgetExceeded,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "llmgw_buffered_body_bytes", Help: "Bytes of response bodies held in memory now (bounded by --buffer-budget-bytes).",
 		}, func() float64 { return float64(s.budget.used.Load()) }),

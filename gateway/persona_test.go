@@ -108,7 +108,7 @@ func TestLlamaPersonaKeptConns(t *testing.T) {
 			}
 			took[i] = time.Since(start)
 		}
-		if got := rt.clients[0].ConnsCount(); got != 1 {
+		if got := gw.keptUpstream(t, rt, 0); got != 1 {
 			t.Fatalf("%d kept connections after sequential requests, want the one reused", got)
 		}
 		slices.Sort(took)
@@ -137,7 +137,7 @@ func TestLlamaPersonaKeptConns(t *testing.T) {
 						errs <- fmt.Errorf("status %d body %q", resp.StatusCode, out)
 						return
 					}
-					n := int64(rt.clients[0].ConnsCount())
+					n := int64(gw.keptUpstream(t, rt, 0))
 					for m := maxKept.Load(); n > m && !maxKept.CompareAndSwap(m, n); m = maxKept.Load() {
 					}
 				}
@@ -151,7 +151,7 @@ func TestLlamaPersonaKeptConns(t *testing.T) {
 		if m := maxKept.Load(); m > int64(kept) {
 			t.Errorf("up to %d kept connections, want at most %d", m, kept)
 		}
-		if n := rt.oneShot[0].ConnsCount(); n != 0 {
+		if n := openConnsTo(t, rt.eps[0].Addr) - gw.keptUpstream(t, rt, 0); n != 0 {
 			t.Errorf("%d one-shot connections left open after the answers", n)
 		}
 	})
@@ -178,7 +178,9 @@ func TestLlamaPersonaOneShotOverflow(t *testing.T) {
 			errs <- err
 		}()
 	}
-	wait.For(t, 10*time.Second, "every kept connection carrying a stream", func() bool { return rt.eps[0].InFlight() == int64(kept) && rt.clients[0].ConnsCount() == kept })
+	wait.For(t, 10*time.Second, "every kept connection carrying a stream", func() bool {
+		return rt.eps[0].InFlight() == int64(kept) && gw.keptUpstream(t, rt, 0) == kept
+	})
 	if resp, out := post(t, c, url, chatBody); resp.StatusCode != 200 {
 		t.Fatalf("request beside the streams: %d %q", resp.StatusCode, out)
 	}

@@ -193,35 +193,12 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 		// asked for it (--log-payloads), and only at debug level.
 		s.log.Debug("request payload", "path", string(ctx.Path()), "body", string(ctx.PostBody()))
 	}
-	decode := openai.Decode
-	if kind != openai.Chat && kind != openai.Completion {
-		// A body without a model goes to the default rule, as every such
-		// request did before these routes were routed by model.
-		decode = openai.DecodeOptional
-	}
-	v, model, err := decode(&st.parser, ctx.PostBody())
+	rt, v, reject, err := s.readCompletion(key, kind, &ctx.Request.Header, ctx.URI(), ctx.PostBody(), st)
 	if err != nil {
 		writeError(ctx, err)
-		s.metrics.rejected.WithLabelValues("invalid_body").Inc()
+		s.metrics.rejected.WithLabelValues(reject).Inc()
 		return
 	}
-	rt := s.ruleFor(ctx, key, model)
-	if rt == nil {
-		return
-	}
-	if err := openai.Extract(v, model, kind, rt.prefix, &st.oreq); err != nil {
-		writeError(ctx, err)
-		s.metrics.rejected.WithLabelValues("invalid_body").Inc()
-		return
-	}
-	if st.oreq.Stream && !ctx.Request.Header.IsHTTP11() {
-		writeError(ctx, fmt.Errorf("%w: \"stream\": true over %s; an HTTP/1.0 answer of unknown length could only end by closing the connection, which cannot be told from a cut stream (use HTTP/1.1)", ErrStreamNeedsHTTP11, ctx.Request.Header.Protocol()))
-		s.metrics.rejected.WithLabelValues("stream_http10").Inc()
-		return
-	}
-	st.preq = policy.Request{KeyHash: st.oreq.KeyHash, HasKey: st.oreq.HasKey}
-	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(ctx)
-	st.preq.Session = rt.sessionValue(ctx, st.oreq.User)
 	if kind != openai.Chat && kind != openai.Completion {
 		// The P/D hand-off and the KV-exact tokenizer know chat and
 		// completion bodies only. Embeddings, rerank, score and tokenize
@@ -245,6 +222,39 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 	s.forward(ctx, rt, st, st.oreq.Stream, start, kvc)
 }
 
+// readCompletion reads a JSON request on a model-routed path (chat,
+// completions and the other routes of modelRoutes) up to its rule: it
+// decodes the body, finds the rule serving its model on listener key and
+// fills st's policy input (content key, conversation, session). Both data
+// planes route with it. It has no side effect beyond st: a non-nil error
+// is the client's answer (writeError), and reject names its
+// llmgw_rejected_requests_total reason.
+func (s *Server) readCompletion(key string, kind openai.Kind, h *fasthttp.RequestHeader, uri *fasthttp.URI, body []byte, st *reqState) (rt *ruleRuntime, v *fastjson.Value, reject string, err error) {
+	decode := openai.Decode
+	if kind != openai.Chat && kind != openai.Completion {
+		// A body without a model goes to the default rule, as every such
+		// request did before these routes were routed by model.
+		decode = openai.DecodeOptional
+	}
+	v, model, err := decode(&st.parser, body)
+	if err != nil {
+		return nil, nil, "invalid_body", err
+	}
+	if rt, err = s.lookupRule(key, model); err != nil {
+		return nil, nil, "unknown_model", err
+	}
+	if err := openai.Extract(v, model, kind, rt.prefix, &st.oreq); err != nil {
+		return nil, nil, "invalid_body", err
+	}
+	if st.oreq.Stream && !h.IsHTTP11() {
+		return nil, nil, "stream_http10", fmt.Errorf("%w: \"stream\": true over %s; an HTTP/1.0 answer of unknown length could only end by closing the connection, which cannot be told from a cut stream (use HTTP/1.1)", ErrStreamNeedsHTTP11, h.Protocol())
+	}
+	st.preq = policy.Request{KeyHash: st.oreq.KeyHash, HasKey: st.oreq.HasKey}
+	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(h)
+	st.preq.Session = rt.sessionValue(h, uri, st.oreq.User)
+	return rt, v, "", nil
+}
+
 // servePassthrough relays any other path to the listener's default rule.
 func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, key string) {
 	start := time.Now()
@@ -261,7 +271,12 @@ func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, key string) {
 
 // requestID returns the client's X-Request-Id, or a fresh 32-hex-char id.
 func requestID(ctx *fasthttp.RequestCtx, st *reqState) []byte {
-	if v := ctx.Request.Header.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 256 && printable(v) {
+	return requestIDOf(&ctx.Request.Header, st)
+}
+
+// requestIDOf is requestID for a request header.
+func requestIDOf(h *fasthttp.RequestHeader, st *reqState) []byte {
+	if v := h.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 256 && printable(v) {
 		// Copied: forward deletes the header before setting it again, and
 		// v points into the header's storage.
 		st.clientID = append(st.clientID[:0], v...)
@@ -339,7 +354,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, rt *ruleRuntime, st *reqState
 		// a second fasthttp.Request); its head is built again per attempt,
 		// for the endpoint's Host.
 		call := &upstreamCall{reqBody: ctx.PostBody(), bodyless: upstreamBodyless(&ctx.Request.Header), isHead: ctx.Request.Header.IsHead()}
-		st.upHead = appendUpstreamHead(st.upHead[:0], &ctx.Request.Header, upstreamURI(&ctx.Request), ep.Addr, len(call.reqBody), call.bodyless)
+		st.upHead = appendUpstreamHead(st.upHead[:0], &ctx.Request.Header, upstreamURI(&ctx.Request.Header, ctx.URI()), ep.Addr, len(call.reqBody), call.bodyless)
 		// roundTrip ends the head in its spare capacity.
 		st.upHead = slices.Grow(st.upHead, upHeadEnd)
 		call.head = st.upHead
@@ -754,6 +769,22 @@ func appendJSONString(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
+// completionKind says whether path is routed by a JSON body's model
+// (chat, completions and the JSON routes of modelRoutes), and the body's
+// shape.
+func completionKind(path []byte) (openai.Kind, bool) {
+	switch {
+	case bytes.Equal(path, pathChat):
+		return openai.Chat, true
+	case bytes.Equal(path, pathCompletions):
+		return openai.Completion, true
+	}
+	if r, ok := modelRoutes[string(path)]; ok && !r.form {
+		return r.kind, true
+	}
+	return 0, false
+}
+
 // modelRoute is how a routed path's body names its model.
 type modelRoute struct {
 	kind openai.Kind // JSON body shape
@@ -784,6 +815,17 @@ var modelRoutes = map[string]modelRoute{
 // ruleFor finds the rule serving model on listener key (the default rule
 // when no rule names it), or answers 404 unknown_model and returns nil.
 func (s *Server) ruleFor(ctx *fasthttp.RequestCtx, key string, model []byte) *ruleRuntime {
+	rt, err := s.lookupRule(key, model)
+	if err != nil {
+		writeError(ctx, err)
+		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
+	}
+	return rt
+}
+
+// lookupRule is ruleFor without the answer: the rule, or the error that
+// answers the request.
+func (s *Server) lookupRule(key string, model []byte) (*ruleRuntime, error) {
 	lr := s.routes(key)
 	var rt *ruleRuntime
 	if lr != nil {
@@ -793,14 +835,12 @@ func (s *Server) ruleFor(ctx *fasthttp.RequestCtx, key string, model []byte) *ru
 	}
 	switch {
 	case rt != nil:
+		return rt, nil
 	case model == nil:
-		writeError(ctx, fmt.Errorf("%w: the request names no model and this listener has no default rule (model_name \"\")", ErrUnknownModel))
-		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
+		return nil, fmt.Errorf("%w: the request names no model and this listener has no default rule (model_name \"\")", ErrUnknownModel)
 	default:
-		writeError(ctx, fmt.Errorf("%w: no rule serves model %q on this listener (GET /v1/models lists the served models)", ErrUnknownModel, model))
-		s.metrics.rejected.WithLabelValues("unknown_model").Inc()
+		return nil, fmt.Errorf("%w: no rule serves model %q on this listener (GET /v1/models lists the served models)", ErrUnknownModel, model)
 	}
-	return rt
 }
 
 // serveForm routes a multipart/form-data request (the audio routes) by its
@@ -835,8 +875,8 @@ func (s *Server) serveForm(ctx *fasthttp.RequestCtx, key string) {
 	st := statePool.Get().(*reqState)
 	defer statePool.Put(st)
 	st.preq = policy.Request{}
-	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(ctx)
-	st.preq.Session = rt.sessionValue(ctx, nil)
+	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(&ctx.Request.Header)
+	st.preq.Session = rt.sessionValue(&ctx.Request.Header, ctx.URI(), nil)
 	s.forward(ctx, rt, st, f.Stream, start, nil)
 }
 
@@ -850,11 +890,11 @@ func upstreamBodyless(h *fasthttp.RequestHeader) (bodyless bool) {
 // upstreamURI is the request target the worker gets: the client's, in
 // origin form (an absolute-form target, POST http://host/v1/..., loses its
 // scheme and authority; the Host header names the endpoint).
-func upstreamURI(req *fasthttp.Request) []byte {
-	if uri := req.Header.RequestURI(); len(uri) > 0 && uri[0] == '/' {
+func upstreamURI(h *fasthttp.RequestHeader, parsed *fasthttp.URI) []byte {
+	if uri := h.RequestURI(); len(uri) > 0 && uri[0] == '/' {
 		return uri
 	}
-	return req.URI().RequestURI()
+	return parsed.RequestURI()
 }
 
 // appendUpstreamHead appends to dst the head of the worker's request, up to

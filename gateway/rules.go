@@ -145,6 +145,9 @@ func (s *Server) applyLocked(r, static, run *rule.Rule, create bool) (*rule.Rule
 func (s *Server) dropListenerLocked(key string) {
 	if l := s.listeners[key]; l != nil && key != "" {
 		delete(s.listeners, key)
+		if l.loop != nil {
+			l.loop.close(timeoutCtx(0))
+		}
 		_ = l.ln.Close()
 	}
 }

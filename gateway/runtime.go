@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
@@ -53,6 +54,10 @@ type ruleRuntime struct {
 	engine  engines.Adapter
 	conn    engines.ConnPolicy
 	oneShot []*fasthttp.HostClient
+
+	// loopEPs are the endpoints' addresses by Index when the loop plane
+	// serves this rule (loopServes), else nil.
+	loopEPs []netip.AddrPort
 
 	cancel context.CancelFunc // stops the prober
 	wg     sync.WaitGroup
@@ -163,6 +168,7 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 		}
 		rt.sessSource, rt.sessName = src, []byte(name)
 	}
+	rt.loopEPs = rt.loopAddrs()
 	return rt, nil
 }
 
@@ -212,18 +218,18 @@ func (rt *ruleRuntime) inFlight() int64 {
 
 // sessionValue extracts the session-affinity value: the configured header,
 // cookie or query argument, else the body's "user".
-func (rt *ruleRuntime) sessionValue(ctx *fasthttp.RequestCtx, user []byte) []byte {
+func (rt *ruleRuntime) sessionValue(h *fasthttp.RequestHeader, uri *fasthttp.URI, user []byte) []byte {
 	switch rt.sessSource {
 	case "header":
-		if v := ctx.Request.Header.PeekBytes(rt.sessName); len(v) > 0 {
+		if v := h.PeekBytes(rt.sessName); len(v) > 0 {
 			return v
 		}
 	case "cookie":
-		if v := ctx.Request.Header.CookieBytes(rt.sessName); len(v) > 0 {
+		if v := h.CookieBytes(rt.sessName); len(v) > 0 {
 			return v
 		}
 	case "query":
-		if v := ctx.QueryArgs().PeekBytes(rt.sessName); len(v) > 0 {
+		if v := uri.QueryArgs().PeekBytes(rt.sessName); len(v) > 0 {
 			return v
 		}
 	}
@@ -238,14 +244,14 @@ var (
 // conversationHash hashes a conversation header for CHWBL requests that
 // carry no content key. X-Request-Id is deliberately not a conversation key:
 // it is unique per request (reference gateway bug §16 #10).
-func (rt *ruleRuntime) conversationHash(ctx *fasthttp.RequestCtx) (uint64, bool) {
+func (rt *ruleRuntime) conversationHash(h *fasthttp.RequestHeader) (uint64, bool) {
 	if rt.sessSource == "header" {
-		if v := ctx.Request.Header.PeekBytes(rt.sessName); len(v) > 0 {
+		if v := h.PeekBytes(rt.sessName); len(v) > 0 {
 			return xxhash.Sum64(v), true
 		}
 	}
-	for _, h := range [...][]byte{hdrConversationID, hdrSessionID} {
-		if v := ctx.Request.Header.PeekBytes(h); len(v) > 0 {
+	for _, name := range [...][]byte{hdrConversationID, hdrSessionID} {
+		if v := h.PeekBytes(name); len(v) > 0 {
 			return xxhash.Sum64(v), true
 		}
 	}
@@ -288,6 +294,7 @@ func (s *Server) hostClient(addr string, t rule.TimeoutsConfig, tlsCfg *tls.Conf
 	hc := &fasthttp.HostClient{
 		Addr:                          addr,
 		Dial:                          func(a string) (net.Conn, error) { return dialUpstream(a, o) },
+		ReadBufferSize:                maxUpstreamHead,
 		MaxConns:                      maxConns,
 		MaxIdleConnDuration:           o.maxIdle,
 		ReadTimeout:                   key.firstByte,

@@ -68,6 +68,16 @@ type Config struct {
 	// LogPayloads logs prompt and completion bodies at debug level. Off by
 	// default: payloads may carry personal data.
 	LogPayloads bool
+	// DataPlane is how data listeners serve their connections: PlaneLoop
+	// (event loops; Linux only, the default there) or PlaneGoroutine
+	// (fasthttp, a goroutine per connection; the default elsewhere). A
+	// TLS data plane is always served by goroutines. plane.go says which
+	// requests the loop plane hands to the goroutine plane.
+	DataPlane string
+	// Loops is the loop plane's number of event loops, each on a thread
+	// of its own; default: the CPUs the process may run on, at most
+	// GOMAXPROCS.
+	Loops int
 	// Pprof serves net/http/pprof at /debug/pprof/ on the admin listener.
 	// Off by default; when AdminToken is set, every profile request needs
 	// it (a heap profile shows what the process holds).
@@ -108,6 +118,7 @@ type Server struct {
 
 	clientsMu sync.Mutex
 	clients   map[clientKey]*fasthttp.HostClient
+	kept      map[clientKey]*keptCount // the loop plane's kept connections, over its loops
 
 	decisions *decisionLog
 	budget    bufferBudget
@@ -130,12 +141,45 @@ type listenRoutes struct {
 	models  []string     // served model names, sorted (for /v1/models)
 }
 
-// dataListener is one fasthttp server on one address.
+// dataListener is one data-plane address: a fasthttp server (the
+// goroutine plane), and in front of it the loop plane when one serves the
+// address (then ln is the loop plane's hand-over listener).
 type dataListener struct {
 	key   string
 	ln    net.Listener
-	retry *retryListener // the TCP listener under ln (TLS wraps it)
+	retry *retryListener // the TCP listener under ln (TLS wraps it); nil with a loop plane
 	srv   *fasthttp.Server
+	loop  *loopPlane
+}
+
+// acceptState reports whether accepting on l fails, and why.
+func (l *dataListener) acceptState() (addr string, failing bool, why string) {
+	if l.loop != nil {
+		failing, why = l.loop.acc.acceptState()
+		return l.loop.acc.addr, failing, why
+	}
+	failing, why = l.retry.acceptState()
+	return l.retry.addr, failing, why
+}
+
+// shutdown stops l: the loop plane first stops taking connections and
+// finishes its answers, while the goroutine plane does the same with its
+// own (both within ctx).
+func (l *dataListener) shutdown(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if l.loop != nil {
+			l.loop.close(ctx)
+		}
+	}()
+	_ = l.srv.ShutdownWithContext(ctx)
+	// fasthttp's Shutdown closes only the listeners its Serve has
+	// registered; a Serve goroutine that has not run yet would start
+	// serving after it. Closing the listener ourselves makes that Serve
+	// return at once (a start-up race that hung Close).
+	_ = l.ln.Close()
+	<-done
 }
 
 // New validates cfg and opens the state directory. It starts nothing.
@@ -163,6 +207,20 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.BufferBudget <= 0 {
 		cfg.BufferBudget = DefaultBufferBudget
+	}
+	switch cfg.DataPlane {
+	case "", PlaneLoop, PlaneGoroutine:
+	default:
+		return nil, fmt.Errorf("gateway: data plane %q: want %q or %q", cfg.DataPlane, PlaneLoop, PlaneGoroutine)
+	}
+	if cfg.Loops < 0 {
+		return nil, fmt.Errorf("gateway: %d event loops: want 0 (one per CPU) or more", cfg.Loops)
+	}
+	if cfg.DataPlane == PlaneLoop && !loopPlaneSupported {
+		return nil, fmt.Errorf("gateway: data plane %q needs Linux (epoll); use %q", PlaneLoop, PlaneGoroutine)
+	}
+	if cfg.DataPlane == PlaneLoop && cfg.TLSCert != "" {
+		return nil, fmt.Errorf("gateway: a TLS data plane is served by goroutines; data plane %q serves plain HTTP only", PlaneLoop)
 	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return nil, errors.New("gateway: TLS needs both a certificate and a key (--tls-cert and --tls-key)")
@@ -192,6 +250,17 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(s)
 	s.table.Store(&routeTable{byListen: map[string]*listenRoutes{}})
 	return s, nil
+}
+
+// plane is the data plane that serves the data listeners.
+func (s *Server) plane() string {
+	switch {
+	case s.cfg.DataPlane != "":
+		return s.cfg.DataPlane
+	case loopPlaneSupported && s.cfg.TLSCert == "":
+		return PlaneLoop
+	}
+	return PlaneGoroutine
 }
 
 // isLoopbackAddr reports whether a host:port names only loopback interfaces.
@@ -333,12 +402,7 @@ func (s *Server) shutdown() {
 	}
 	s.mu.Unlock()
 	for _, l := range lns {
-		_ = l.srv.ShutdownWithContext(timeoutCtx(5 * time.Second))
-		// fasthttp's Shutdown closes only the listeners its Serve has
-		// registered; a Serve goroutine that has not run yet would start
-		// serving after it. Closing the listener ourselves makes that
-		// Serve return at once (a start-up race that hung Close).
-		_ = l.ln.Close()
+		l.shutdown(timeoutCtx(5 * time.Second))
 	}
 	for _, rt := range rts {
 		rt.stop()
@@ -370,27 +434,36 @@ func (s *Server) ensureListener(key string) (*dataListener, error) {
 	if key == "" {
 		addr = s.cfg.Listen
 	}
-	tcp, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("gateway: listen %s: %w", addr, err)
-	}
-	retry := newRetryListener(tcp, s.metrics.acceptErrors, s.log)
-	var ln net.Listener = retry
-	if s.cfg.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
+	var l *dataListener
+	if s.plane() == PlaneLoop {
+		lp, err := s.startLoopPlane(key, addr)
 		if err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("gateway: TLS key pair: %w", err)
+			return nil, err
 		}
-		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+		l = &dataListener{key: key, ln: lp.hand, loop: lp}
+	} else {
+		tcp, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: listen %s: %w", addr, err)
+		}
+		retry := newRetryListener(tcp, s.metrics.acceptErrors, s.log)
+		var ln net.Listener = retry
+		if s.cfg.TLSCert != "" {
+			cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
+			if err != nil {
+				ln.Close()
+				return nil, fmt.Errorf("gateway: TLS key pair: %w", err)
+			}
+			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+		}
+		l = &dataListener{key: key, ln: ln, retry: retry}
 	}
-	l := &dataListener{key: key, ln: ln, retry: retry}
 	l.srv = s.newDataServer(key)
 	s.listeners[key] = l
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if err := l.srv.Serve(ln); err != nil && !s.closed.Load() {
+		if err := l.srv.Serve(l.ln); err != nil && !s.closed.Load() {
 			s.log.Error("data listener stopped", "addr", addr, "err", err)
 		}
 	}()
@@ -404,11 +477,11 @@ func (s *Server) acceptFailures() map[string]string {
 	defer s.mu.Unlock()
 	var out map[string]string
 	for _, l := range s.listeners {
-		if failing, why := l.retry.acceptState(); failing {
+		if addr, failing, why := l.acceptState(); failing {
 			if out == nil {
 				out = map[string]string{}
 			}
-			out[l.retry.addr] = why
+			out[addr] = why
 		}
 	}
 	return out
@@ -444,7 +517,7 @@ func (s *Server) publishLocked() {
 			s.wg.Add(1)
 			go func() {
 				defer s.wg.Done()
-				_ = l.srv.ShutdownWithContext(timeoutCtx(30 * time.Second))
+				l.shutdown(timeoutCtx(30 * time.Second))
 			}()
 		}
 	}

@@ -41,6 +41,10 @@ type ServeOptions struct {
 	Pprof          bool
 	// Procs is GOMAXPROCS for the process; 0 keeps the runtime's choice.
 	Procs int
+	// DataPlane is gateway.Config.DataPlane ("" the default), Loops its
+	// event loops (0 the default).
+	DataPlane string
+	Loops     int
 	// EndpointsSource "" or "kubernetes": where rules with endpoints_from
 	// discover their endpoints; Kubeconfig is its client configuration.
 	EndpointsSource string
@@ -108,6 +112,8 @@ load. BENCHMARKS.md measures both.`,
 	f.StringVar(&opts.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.BoolVar(&opts.LogPayloads, "log-payloads", false, "log prompt and completion bodies at debug level (off: payloads may hold personal data)")
 	f.IntVar(&opts.Procs, "procs", 0, "OS threads running Go code at once (GOMAXPROCS); 0 keeps Go's choice: the CPUs this process may run on, or its container's CPU limit")
+	f.StringVar(&opts.DataPlane, "data-plane", "", `how client connections are served: "loop" (event loops, each on a thread of its own; the default on Linux without --tls-cert) or "goroutine" (a goroutine per connection; the default elsewhere and with --tls-cert). The loop plane hands to the goroutine plane every connection whose request it does not serve itself (P/D and KV-exact rules, backend TLS, host-name endpoints, HTTP/1.0, chunked request bodies, requests the gateway refuses)`)
+	f.IntVar(&opts.Loops, "loops", 0, "event loops of the loop plane; 0: one per CPU this process may run on, at most --procs")
 	f.BoolVar(&opts.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the admin listener (behind the admin token when one is set)")
 	f.StringVar(&opts.EndpointsSource, "endpoints-source", "", `"kubernetes": rules with endpoints_from discover their endpoints from the cluster's EndpointSlices or pods ("" refuses such rules)`)
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig for --endpoints-source kubernetes (default $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
@@ -153,6 +159,14 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	if opts.Procs < 0 {
 		return usageErrorf("--procs must be 0 (Go's choice) or positive, got %d", opts.Procs)
+	}
+	if opts.Loops < 0 {
+		return usageErrorf("--loops must be 0 (one per CPU) or positive, got %d", opts.Loops)
+	}
+	switch opts.DataPlane {
+	case "", gateway.PlaneLoop, gateway.PlaneGoroutine:
+	default:
+		return usageErrorf("--data-plane %q: want %q or %q", opts.DataPlane, gateway.PlaneLoop, gateway.PlaneGoroutine)
 	}
 	if opts.Procs > 0 {
 		runtime.GOMAXPROCS(opts.Procs)
@@ -210,6 +224,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	gcfg := gateway.Config{
 		Listen: opts.Listen, Admin: opts.Admin, AdminToken: token, StateDir: opts.StateDir,
 		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, KVTokenCacheBytes: opts.KVTokenCache, WriteTimeout: opts.WriteTimeout, BufferBudget: opts.BufferBudget, ReleaseIdleBuffers: opts.ReleaseIdle, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
+		DataPlane: opts.DataPlane, Loops: opts.Loops,
 		LogPayloads: opts.LogPayloads, Pprof: opts.Pprof, Logger: log,
 	}
 	if src != nil {
