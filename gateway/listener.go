@@ -118,7 +118,6 @@ func (a *acceptStatus) acceptState() (bool, string) {
 	return true, a.lastErr
 }
 
-
 func (l *retryListener) Close() error {
 	l.once.Do(func() { close(l.done) })
 	return l.Listener.Close()

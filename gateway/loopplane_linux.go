@@ -3,7 +3,6 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -159,12 +158,11 @@ type planeLoop struct {
 	states           spares[*reqState]
 	trim             evloop.Timer // trims the spares
 
-	br   *bufio.Reader
-	brd  bytes.Reader
-	iov  [rawio.MaxIovec]syscall.Iovec
-	hdr  fasthttp.ResponseHeader // the client's response head being built
-	head []byte                  // its bytes
-	uri  fasthttp.URI
+	iov    [rawio.MaxIovec]syscall.Iovec
+	head   []byte   // the client's response head being written
+	conn   [][]byte // Connection values (clientHead's scratch)
+	date   []byte   // the Date field line (dateLine)
+	dateAt int64    // the loop time of the second date names
 }
 
 func newPlaneLoop(p *loopPlane, l *evloop.Loop) *planeLoop {
@@ -173,7 +171,6 @@ func newPlaneLoop(p *loopPlane, l *evloop.Loop) *planeLoop {
 	pl.retry.Init(retryAccept{pl})
 	pl.trim.Init(trimSpares{pl})
 	pl.l.Arm(&pl.trim, pl.l.At(spareTrimPeriod))
-	pl.br = bufio.NewReaderSize(&pl.brd, dataReadBufferSize)
 	return pl
 }
 
@@ -438,27 +435,25 @@ func (c *cliConn) parseRequest() bool {
 		return false
 	}
 	r := pl.getReq()
-	r.hdr.Reset()
-	pl.brd.Reset(c.buf[:hl])
-	pl.br.Reset(&pl.brd)
-	if err := r.hdr.Read(pl.br); err != nil || pl.br.Buffered() != 0 {
-		// fasthttp refuses it (it answers the same way on the goroutine
-		// plane), or it ends the head elsewhere than h1.HeadEnd: either
-		// way the goroutine plane reads it from its first byte.
+	if err := h1.ParseRequest(c.buf[:hl], &r.req); err != nil {
+		// Not plain HTTP/1.1 as the loop plane reads it: the goroutine
+		// plane reads it from its first byte (and answers what fasthttp
+		// refuses).
 		pl.putReq(r)
-		c.handoff("malformed")
+		reason := "malformed"
+		if line, _, _ := bytes.Cut(c.buf[:hl], crlf); bytes.HasSuffix(line, []byte(" HTTP/1.0")) {
+			reason = "http10"
+		}
+		c.handoff(reason)
 		return true
 	}
 	reason := ""
-	cl := r.hdr.ContentLength()
-	switch {
-	case !r.hdr.IsHTTP11():
-		reason = "http10"
-	case cl < 0:
+	switch cl := r.req.ContentLength; {
+	case r.req.TransferEncoding:
 		reason = "chunked_body"
-	case len(r.hdr.Peek(fasthttp.HeaderExpect)) > 0:
+	case r.req.Expect:
 		reason = "expect"
-	case cl > pl.s.cfg.MaxBodyBytes:
+	case cl > int64(pl.s.cfg.MaxBodyBytes):
 		reason = "too_large"
 	}
 	if reason != "" {
@@ -466,7 +461,7 @@ func (c *cliConn) parseRequest() bool {
 		c.handoff(reason)
 		return true
 	}
-	total := hl + cl
+	total := hl + int(max(r.req.ContentLength, 0))
 	if c.n < total {
 		if len(c.buf) < total {
 			nb := make([]byte, total)
@@ -485,24 +480,34 @@ func (c *cliConn) parseRequest() bool {
 // serve routes a whole request: the loop plane forwards it, or hands the
 // connection over. It reports true (the connection is taken care of).
 func (c *cliConn) serve(r *loopReq) bool {
-	pl := c.pl
-	if err := pl.uri.Parse(r.hdr.Host(), r.hdr.RequestURI()); err != nil {
-		pl.putReq(r)
-		c.handoff("malformed")
-		return true
-	}
 	rt, reason := c.route(r)
 	if rt == nil {
-		pl.putReq(r)
+		c.pl.putReq(r)
 		c.handoff(reason)
 		return true
 	}
-	c.pl.l.Disarm(&c.timer)
+	c.pl.l.Cancel(&c.timer)
 	c.req = r
 	c.consumed = r.reqLen
-	c.closeAfter = c.closeAfter || r.hdr.ConnectionClose()
+	c.closeAfter = c.closeAfter || r.req.Close
 	r.begin(c, rt)
 	return true
+}
+
+// plainPath is the path of an origin-form target that fasthttp's URI
+// normalisation leaves as it is (no percent-encoding, no dot segments, no
+// empty segment, no fragment), so both planes route it alike; ok false
+// for any other target.
+func plainPath(target []byte) (path []byte, ok bool) {
+	path = target
+	if i := bytes.IndexByte(target, '?'); i >= 0 {
+		path = target[:i]
+	}
+	if len(path) == 0 || path[0] != '/' || bytes.ContainsAny(path, "%#\\") ||
+		bytes.Contains(path, []byte("//")) || bytes.Contains(path, []byte("/.")) {
+		return nil, false
+	}
+	return path, true
 }
 
 // route finds the rule of a whole request, as serveData and
@@ -511,17 +516,20 @@ func (c *cliConn) serve(r *loopReq) bool {
 func (c *cliConn) route(r *loopReq) (*ruleRuntime, string) {
 	pl := c.pl
 	s := pl.s
-	path := pl.uri.Path()
+	path, ok := plainPath(r.req.Target)
+	if !ok {
+		return nil, "uri"
+	}
 	kind, routed := completionKind(path)
 	r.st = pl.getState()
 	var rt *ruleRuntime
 	switch {
 	case routed:
-		if !r.hdr.IsPost() {
+		if string(r.req.Method) != fasthttp.MethodPost {
 			return r.dropState(nil, "route")
 		}
 		var err error
-		if rt, _, _, err = s.readCompletion(pl.p.key, kind, &r.hdr, &pl.uri, r.body, r.st); err != nil {
+		if rt, _, _, err = s.readCompletion(pl.p.key, kind, r, r.body, r.st); err != nil {
 			return r.dropState(nil, "rejected")
 		}
 		r.stream = r.st.oreq.Stream
@@ -682,23 +690,13 @@ func (c *cliConn) flush() bool {
 // from here: the caller has released it). id is the request's id; nil
 // makes one.
 func (c *cliConn) writeError(err error, id []byte) {
-	status, body := errorJSON(err)
 	var fresh [32]byte
 	if id == nil {
 		newRequestID(&fresh)
 		id = fresh[:]
 	}
-	h := &c.pl.hdr
-	h.Reset()
-	h.SetStatusCode(status)
-	h.SetContentType("application/json")
-	h.SetBytesKV(hdrRequestID, id)
-	h.SetContentLength(len(body))
-	if c.closeAfter {
-		h.SetConnectionClose()
-	}
-	c.pl.head = h.AppendBytes(c.pl.head[:0])
-	if c.send(c.pl.head, body) && len(c.out) == 0 && c.req == nil {
+	head, body := c.pl.errorAnswer(err, id, c.closeAfter)
+	if c.send(head, body) && len(c.out) == 0 && c.req == nil {
 		c.served++
 		c.next()
 	}

@@ -4,7 +4,6 @@ package gateway
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -51,8 +50,8 @@ const (
 type loopReq struct {
 	pl   *planeLoop
 	c    *cliConn
-	hdr  fasthttp.RequestHeader
-	body []byte // in c.buf: stable while the request is in flight
+	req  h1.Request // its head, parsed in place in c.buf
+	body []byte     // in c.buf: stable while the request is in flight
 	st   *reqState
 	rt   *ruleRuntime
 
@@ -61,7 +60,6 @@ type loopReq struct {
 	bodyless bool
 	isHead   bool
 	id       []byte
-	uri      []byte // the worker's request target (upstreamURI)
 
 	// start, upStart: loop times (evloop.Loop.Tick) the request was whole
 	// and last sent to a worker.
@@ -77,7 +75,7 @@ type loopReq struct {
 	lastErr        error
 
 	// The answer.
-	resp      fasthttp.ResponseHeader
+	ans       h1.Response // its head, parsed in place in u.buf
 	status    int
 	mode      relayMode
 	bodyStart int // in u.buf
@@ -122,16 +120,47 @@ func (pl *planeLoop) putReq(r *loopReq) {
 func (r *loopReq) begin(c *cliConn, rt *ruleRuntime) {
 	r.c, r.rt = c, rt
 	r.start = r.pl.l.Tick()
-	r.bodyless = upstreamBodyless(&r.hdr)
-	r.isHead = r.hdr.IsHead()
-	r.uri = append(r.uri[:0], upstreamURI(&r.hdr, &r.pl.uri)...)
-	r.id = requestIDOf(&r.hdr, r.st)
-	// Del first: Set replaces only the first of repeated headers, and the
-	// worker must see exactly one id.
-	r.hdr.DelBytes(hdrRequestID)
-	r.hdr.SetBytesKV(hdrRequestID, r.id)
+	m := string(r.req.Method)
+	r.isHead = m == fasthttp.MethodHead
+	r.bodyless = r.isHead || m == fasthttp.MethodGet // upstreamBodyless
+	r.id = requestIDOf(r.req.Peek(hdrRequestID), r.st)
 	r.pick()
 }
+
+// The loop plane's request as a requestView (readCompletion).
+
+func (r *loopReq) isHTTP11() bool            { return true }
+func (r *loopReq) protocol() []byte          { return []byte("HTTP/1.1") }
+func (r *loopReq) header(name []byte) []byte { return r.req.Peek(name) }
+
+// cookie reads a cookie as fasthttp's request header does (rules that bind
+// sessions by a cookie are few; this path may allocate).
+func (r *loopReq) cookie(name []byte) []byte {
+	var h fasthttp.RequestHeader
+	for _, f := range r.req.Fields {
+		if bytes.EqualFold(f.Name, strCookie) {
+			h.AddBytesKV(strCookie, f.Value)
+		}
+	}
+	return h.CookieBytes(name)
+}
+
+// queryArg reads a query argument as fasthttp does (rules that bind
+// sessions by a query argument are few; this path may allocate).
+func (r *loopReq) queryArg(name []byte) []byte {
+	_, q, ok := bytes.Cut(r.req.Target, []byte("?"))
+	if !ok {
+		return nil
+	}
+	var a fasthttp.Args
+	a.ParseBytes(q)
+	if v := a.PeekBytes(name); v != nil {
+		return append([]byte(nil), v...)
+	}
+	return nil
+}
+
+var strCookie = []byte("Cookie")
 
 // pick chooses an endpoint by the rule's policy and sends r to it.
 func (r *loopReq) pick() {
@@ -148,7 +177,7 @@ func (r *loopReq) pick() {
 	r.ep, r.route, r.spill = d.Endpoint, d.Reason.String(), d.Spill
 	r.ep.Acquire()
 	r.acquired = true
-	r.st.upHead = appendUpstreamHead(r.st.upHead[:0], &r.hdr, r.uri, r.ep.Addr, len(r.body), r.bodyless)
+	r.st.upHead = appendUpstreamFields(r.st.upHead[:0], &r.req, r.ep.Addr, r.id, len(r.body), r.bodyless)
 	r.pool = r.pl.pool(rt, r.ep.Index)
 	r.redialed = false
 	r.upStart = r.pl.l.Tick()
@@ -163,11 +192,16 @@ func (r *loopReq) send(u *upLConn) {
 		head = append(head, connCloseHeader...)
 	}
 	head = append(head, crlf...)
-	r.st.upHead = head[:len(r.st.upHead)] // the ending lives in spare capacity
 	var body []byte
 	if !r.bodyless {
 		body = r.body
 	}
+	if len(body) <= smallWrite {
+		// One write: the body joins the head in its buffer's spare room.
+		head = append(head, body...)
+		body = nil
+	}
+	r.st.upHead = head[:len(r.st.upHead)] // the ending and body live in spare capacity
 	u.start(r, head, body)
 }
 
@@ -209,19 +243,9 @@ func (r *loopReq) sendFailed(err error) {
 // answerError answers the gateway's own error and ends r.
 func (r *loopReq) answerError(err error) {
 	c := r.c
-	status, body := errorJSON(err)
-	h := &r.pl.hdr
-	h.Reset()
-	h.SetStatusCode(status)
-	h.SetContentType("application/json")
-	h.SetBytesKV(hdrRequestID, r.id)
-	h.SetContentLength(len(body))
-	if c.closeAfter || r.pl.p.closing.Load() {
-		c.closeAfter = true
-		h.SetConnectionClose()
-	}
-	r.pl.head = h.AppendBytes(r.pl.head[:0])
-	if !c.send(r.pl.head, body) {
+	c.closeAfter = c.closeAfter || r.pl.p.closing.Load()
+	head, body := r.pl.errorAnswer(err, r.id, c.closeAfter)
+	if !c.send(head, body) {
 		return // the client left: clientGone ended r
 	}
 	r.end()
@@ -274,7 +298,7 @@ func (r *loopReq) answerHead(bodyStart int) {
 	s, rt, ep, u := r.pl.s, r.rt, r.ep, r.u
 	now := r.pl.l.Tick()
 	r.ttfb = time.Duration(now - r.upStart)
-	r.status = r.resp.StatusCode()
+	r.status = r.ans.Status
 	r.bodyStart = bodyStart
 	s.decisions.addAt(r.pl.l.Wall(now).UnixNano(), rt.rule.Name, "", ep.ID, r.route, r.id, r.spill, nil, ep.ID)
 	if r.isHead || r.status == fasthttp.StatusNoContent || r.status == fasthttp.StatusNotModified || r.status < 200 {
@@ -291,14 +315,14 @@ func (r *loopReq) answerHead(bodyStart int) {
 		r.end()
 		return
 	}
-	r.sse = bytes.HasPrefix(r.resp.ContentType(), ctEventStream)
+	r.sse = bytes.HasPrefix(r.ans.ContentType, ctEventStream)
 	if rt.conn.CloseAfterStream && r.sse {
 		// prepareAnswer: the engine closes the connection after every
 		// stream.
 		r.noReuse = true
 	}
-	r.cl = r.resp.ContentLength()
-	if r.resp.ConnectionClose() {
+	r.cl = int(r.ans.ContentLength)
+	if r.ans.Close {
 		r.noReuse = true
 	}
 	if !r.sse && r.cl >= 0 && r.cl <= maxBufferedBody {
@@ -341,28 +365,47 @@ func (r *loopReq) answerHead(bodyStart int) {
 }
 
 // clientHead builds the client's response head into pl.head: the worker's
-// status and headers (copyAnswerHeaders), the gateway's, and, with
-// setLength, the body's framing (cl < 0: chunked).
+// status and fields (filtered as copyAnswerHeaders filters them: no
+// connection-scoped field, no X-Request-Id of the worker's, no length),
+// the gateway's fields, and, with setLength, the body's framing (cl < 0:
+// chunked); without, the worker's Content-Length where the status allows
+// one (HEAD, 304). The worker's Date is kept (the gateway's own when it
+// sent none).
 func (r *loopReq) clientHead(setLength bool, cl int) {
-	h := &r.pl.hdr
-	h.Reset()
-	h.SetNoDefaultContentType(true)
-	h.SetBytesKV(hdrRequestID, r.id)
-	h.SetStatusCode(r.status)
-	copyAnswerHeaders(h, &r.resp)
-	h.Set("X-Llmgw-Endpoint", r.ep.ID)
-	h.Set("X-Llmgw-Route", r.route)
-	if setLength {
-		if cl < 0 {
-			cl = -1
+	c := r.c
+	c.closeAfter = c.closeAfter || r.pl.p.closing.Load()
+	b := appendStatusLine(r.pl.head[:0], r.status)
+	if r.ans.Peek(strDate) == nil {
+		b = append(b, r.pl.dateLine()...)
+	}
+	b = appendField(b, hdrRequestID, r.id)
+	conn := connectionValues(r.ans.Fields, r.pl.conn[:0])
+	r.pl.conn = conn[:0]
+	for _, f := range r.ans.Fields {
+		if isHopHeader(f.Name) || bytes.EqualFold(f.Name, hdrRequestID) || bytes.EqualFold(f.Name, strContentLength) ||
+			len(conn) > 0 && namedIn(conn, f.Name) {
+			continue
 		}
-		h.SetContentLength(cl)
+		b = appendField(b, f.Name, f.Value)
 	}
-	if r.c.closeAfter || r.pl.p.closing.Load() {
-		r.c.closeAfter = true
-		h.SetConnectionClose()
+	b = appendFieldString(b, "X-Llmgw-Endpoint", r.ep.ID)
+	b = appendFieldString(b, "X-Llmgw-Route", r.route)
+	switch {
+	case setLength && cl >= 0:
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, int64(cl), 10)
+		b = append(b, '\r', '\n')
+	case setLength:
+		b = append(b, "Transfer-Encoding: chunked\r\n"...)
+	case r.status >= 200 && r.status != fasthttp.StatusNoContent:
+		if v := r.ans.Peek(strContentLength); v != nil {
+			b = appendField(b, strContentLength, v)
+		}
 	}
-	r.pl.head = h.AppendBytes(r.pl.head[:0])
+	if c.closeAfter {
+		b = append(b, "Connection: close\r\n"...)
+	}
+	r.pl.head = append(b, '\r', '\n')
 }
 
 // onBody relays what the worker's connection holds of the body.
@@ -391,13 +434,25 @@ func (r *loopReq) bufferedDone(body []byte) {
 	if s.cfg.LogPayloads {
 		s.log.Debug("response payload", "rule", rt.rule.Name, "endpoint", ep.ID, "status", r.status, "body", string(body))
 	}
-	if !r.c.send(r.pl.head, body) {
+	ok := false
+	if len(body) <= smallWrite {
+		// One write: head and body in one buffer.
+		r.pl.head = append(r.pl.head, body...)
+		ok = r.c.send(r.pl.head)
+	} else {
+		ok = r.c.send(r.pl.head, body)
+	}
+	if !ok {
 		return
 	}
 	r.finishUpstream(true)
 	rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(max(0, done-r.start)), time.Duration(max(0, done-r.upStart)), r.ttfb)
 	r.end()
 }
+
+// smallWrite is the largest body copied next to its head so that both go
+// in one write(2) instead of a writev(2) of two buffers.
+const smallWrite = 16 << 10
 
 var (
 	chunkEnd  = []byte("\r\n")
@@ -1007,20 +1062,11 @@ func (u *upLConn) parseHead() {
 			u.fail(errAnswerHeadTooLarge)
 			return
 		}
-		pl := u.pl
-		r.resp.Reset()
-		r.resp.SetNoDefaultContentType(true)
-		r.resp.DisableNormalizing()
-		pl.brd.Reset(u.buf[u.off : u.off+hl])
-		pl.br.Reset(&pl.brd)
-		if err := r.resp.Read(pl.br); err != nil || pl.br.Buffered() != 0 {
-			if err == nil {
-				err = errors.New("cannot parse the response head")
-			}
+		if err := h1.ParseResponse(u.buf[u.off:u.off+hl], &r.ans); err != nil {
 			u.fail(err)
 			return
 		}
-		if r.resp.StatusCode() == fasthttp.StatusContinue {
+		if r.ans.Status == fasthttp.StatusContinue {
 			// An interim answer: the final one follows (as fasthttp's
 			// client reads it).
 			u.off += hl

@@ -100,7 +100,7 @@ func newMetrics(s *Server) *metrics {
 		Name: "llmgw_accept_errors_total", Help: "Failed accepts on a data-plane listener that were retried after a back-off, by listener address and reason (emfile, enfile, enobufs, enomem, aborted, timeout).",
 	}, []string{"listener", "reason"})
 	m.loopHandoffs = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_loop_handoffs_total", Help: "Client connections the loop plane handed to the goroutine plane, by the reason its request was not one the loop plane serves (http10, chunked_body, expect, too_large, malformed, route, rejected, rule); the goroutine plane answers that request and the connection's later ones.",
+		Name: "llmgw_loop_handoffs_total", Help: "Client connections the loop plane handed to the goroutine plane, by the reason its request was not one the loop plane serves (http10, chunked_body, expect, too_large, malformed, route, rejected, rule, uri); the goroutine plane answers that request and the connection's later ones.",
 	}, []string{"reason"})
 	for _, r := range handoffReasons {
 		m.loopHandoffs.WithLabelValues(r)

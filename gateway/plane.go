@@ -66,6 +66,7 @@ var handoffReasons = []string{
 	"route",        // a path or method the goroutine plane answers (/v1/models, audio forms, 404, 405)
 	"rejected",     // a request the gateway refuses before routing (400, 404 model)
 	"rule",         // a rule the loop plane does not serve (loopServes)
+	"uri",          // a target fasthttp normalises (percent-encoding, dot segments, //)
 }
 
 // loopServes reports whether the loop plane serves rt's requests, and why

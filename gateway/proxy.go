@@ -193,7 +193,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 		// asked for it (--log-payloads), and only at debug level.
 		s.log.Debug("request payload", "path", string(ctx.Path()), "body", string(ctx.PostBody()))
 	}
-	rt, v, reject, err := s.readCompletion(key, kind, &ctx.Request.Header, ctx.URI(), ctx.PostBody(), st)
+	rt, v, reject, err := s.readCompletion(key, kind, viewOf(ctx), ctx.PostBody(), st)
 	if err != nil {
 		writeError(ctx, err)
 		s.metrics.rejected.WithLabelValues(reject).Inc()
@@ -229,7 +229,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 // planes route with it. It has no side effect beyond st: a non-nil error
 // is the client's answer (writeError), and reject names its
 // llmgw_rejected_requests_total reason.
-func (s *Server) readCompletion(key string, kind openai.Kind, h *fasthttp.RequestHeader, uri *fasthttp.URI, body []byte, st *reqState) (rt *ruleRuntime, v *fastjson.Value, reject string, err error) {
+func (s *Server) readCompletion(key string, kind openai.Kind, h requestView, body []byte, st *reqState) (rt *ruleRuntime, v *fastjson.Value, reject string, err error) {
 	decode := openai.Decode
 	if kind != openai.Chat && kind != openai.Completion {
 		// A body without a model goes to the default rule, as every such
@@ -246,12 +246,17 @@ func (s *Server) readCompletion(key string, kind openai.Kind, h *fasthttp.Reques
 	if err := openai.Extract(v, model, kind, rt.prefix, &st.oreq); err != nil {
 		return nil, nil, "invalid_body", err
 	}
-	if st.oreq.Stream && !h.IsHTTP11() {
-		return nil, nil, "stream_http10", fmt.Errorf("%w: \"stream\": true over %s; an HTTP/1.0 answer of unknown length could only end by closing the connection, which cannot be told from a cut stream (use HTTP/1.1)", ErrStreamNeedsHTTP11, h.Protocol())
+	if st.oreq.Stream && !h.isHTTP11() {
+		return nil, nil, "stream_http10", fmt.Errorf("%w: \"stream\": true over %s; an HTTP/1.0 answer of unknown length could only end by closing the connection, which cannot be told from a cut stream (use HTTP/1.1)", ErrStreamNeedsHTTP11, h.protocol())
 	}
 	st.preq = policy.Request{KeyHash: st.oreq.KeyHash, HasKey: st.oreq.HasKey}
-	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(h)
-	st.preq.Session = rt.sessionValue(h, uri, st.oreq.User)
+	// The rest only where it is read (ruleRuntime.reads).
+	if rt.reads.Conv {
+		st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(h)
+	}
+	if rt.reads.Session {
+		st.preq.Session = rt.sessionValue(h, st.oreq.User)
+	}
 	return rt, v, "", nil
 }
 
@@ -271,12 +276,13 @@ func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, key string) {
 
 // requestID returns the client's X-Request-Id, or a fresh 32-hex-char id.
 func requestID(ctx *fasthttp.RequestCtx, st *reqState) []byte {
-	return requestIDOf(&ctx.Request.Header, st)
+	return requestIDOf(ctx.Request.Header.PeekBytes(hdrRequestID), st)
 }
 
-// requestIDOf is requestID for a request header.
-func requestIDOf(h *fasthttp.RequestHeader, st *reqState) []byte {
-	if v := h.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 256 && printable(v) {
+// requestIDOf is requestID for the value v of a request's X-Request-Id
+// (nil when it has none).
+func requestIDOf(v []byte, st *reqState) []byte {
+	if len(v) > 0 && len(v) <= 256 && printable(v) {
 		// Copied: forward deletes the header before setting it again, and
 		// v points into the header's storage.
 		st.clientID = append(st.clientID[:0], v...)
@@ -875,8 +881,8 @@ func (s *Server) serveForm(ctx *fasthttp.RequestCtx, key string) {
 	st := statePool.Get().(*reqState)
 	defer statePool.Put(st)
 	st.preq = policy.Request{}
-	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(&ctx.Request.Header)
-	st.preq.Session = rt.sessionValue(&ctx.Request.Header, ctx.URI(), nil)
+	st.preq.ConvHash, st.preq.HasConv = rt.conversationHash(viewOf(ctx))
+	st.preq.Session = rt.sessionValue(viewOf(ctx), nil)
 	s.forward(ctx, rt, st, f.Stream, start, nil)
 }
 

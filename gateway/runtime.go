@@ -58,6 +58,10 @@ type ruleRuntime struct {
 	// loopEPs are the endpoints' addresses by Index when the loop plane
 	// serves this rule (loopServes), else nil.
 	loopEPs []netip.AddrPort
+	// reads is what routing reads of a request beyond its body: what the
+	// rule's policy reads (policy.InputsOf), and the session value on a
+	// P/D rule, which pins sessions to prefill endpoints whatever its sel.
+	reads policy.Inputs
 
 	cancel context.CancelFunc // stops the prober
 	wg     sync.WaitGroup
@@ -169,6 +173,8 @@ func (s *Server) buildRuntime(eff *rule.Rule, prev *ruleRuntime) (*ruleRuntime, 
 		rt.sessSource, rt.sessName = src, []byte(name)
 	}
 	rt.loopEPs = rt.loopAddrs()
+	rt.reads = policy.InputsOf(int(eff.Sel))
+	rt.reads.Session = rt.reads.Session || rt.pd != nil
 	return rt, nil
 }
 
@@ -218,22 +224,46 @@ func (rt *ruleRuntime) inFlight() int64 {
 
 // sessionValue extracts the session-affinity value: the configured header,
 // cookie or query argument, else the body's "user".
-func (rt *ruleRuntime) sessionValue(h *fasthttp.RequestHeader, uri *fasthttp.URI, user []byte) []byte {
+func (rt *ruleRuntime) sessionValue(h requestView, user []byte) []byte {
 	switch rt.sessSource {
 	case "header":
-		if v := h.PeekBytes(rt.sessName); len(v) > 0 {
+		if v := h.header(rt.sessName); len(v) > 0 {
 			return v
 		}
 	case "cookie":
-		if v := h.CookieBytes(rt.sessName); len(v) > 0 {
+		if v := h.cookie(rt.sessName); len(v) > 0 {
 			return v
 		}
 	case "query":
-		if v := uri.QueryArgs().PeekBytes(rt.sessName); len(v) > 0 {
+		if v := h.queryArg(rt.sessName); len(v) > 0 {
 			return v
 		}
 	}
 	return user
+}
+
+// requestView is what the gateway reads of a request's head to route it:
+// the goroutine plane's fasthttp request (ctxView) and the loop plane's
+// request implement it.
+type requestView interface {
+	isHTTP11() bool
+	protocol() []byte
+	header(name []byte) []byte   // the first field named name (any case)
+	cookie(name []byte) []byte   // a cookie's value
+	queryArg(name []byte) []byte // a query argument's value
+}
+
+// ctxView is a fasthttp request as a requestView.
+type ctxView fasthttp.RequestCtx
+
+func viewOf(ctx *fasthttp.RequestCtx) *ctxView { return (*ctxView)(ctx) }
+
+func (v *ctxView) isHTTP11() bool            { return v.Request.Header.IsHTTP11() }
+func (v *ctxView) protocol() []byte          { return v.Request.Header.Protocol() }
+func (v *ctxView) header(name []byte) []byte { return v.Request.Header.PeekBytes(name) }
+func (v *ctxView) cookie(name []byte) []byte { return v.Request.Header.CookieBytes(name) }
+func (v *ctxView) queryArg(name []byte) []byte {
+	return (*fasthttp.RequestCtx)(v).QueryArgs().PeekBytes(name)
 }
 
 var (
@@ -244,14 +274,14 @@ var (
 // conversationHash hashes a conversation header for CHWBL requests that
 // carry no content key. X-Request-Id is deliberately not a conversation key:
 // it is unique per request (reference gateway bug §16 #10).
-func (rt *ruleRuntime) conversationHash(h *fasthttp.RequestHeader) (uint64, bool) {
+func (rt *ruleRuntime) conversationHash(h requestView) (uint64, bool) {
 	if rt.sessSource == "header" {
-		if v := h.PeekBytes(rt.sessName); len(v) > 0 {
+		if v := h.header(rt.sessName); len(v) > 0 {
 			return xxhash.Sum64(v), true
 		}
 	}
 	for _, name := range [...][]byte{hdrConversationID, hdrSessionID} {
-		if v := h.PeekBytes(name); len(v) > 0 {
+		if v := h.header(name); len(v) > 0 {
 			return xxhash.Sum64(v), true
 		}
 	}

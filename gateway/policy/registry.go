@@ -11,18 +11,34 @@ import (
 type builtin struct {
 	sel   int
 	name  string
+	reads Inputs
 	build func(Config, []*upstream.Endpoint) (Picker, error)
+}
+
+// Inputs says which parts of a Request a policy reads, so that the gateway
+// computes only those (Exclude is always read).
+type Inputs struct {
+	Key     bool // KeyHash, HasKey
+	Conv    bool // ConvHash, HasConv
+	Session bool // Session
+}
+
+// InputsOf is what the policy for sel reads of a Request (zero for a sel
+// no policy implements).
+func InputsOf(sel int) Inputs {
+	b, _ := lookupBuiltin(sel)
+	return b.reads
 }
 
 // builtins lists every policy, in sel order. It is the only registration
 // point; TestBuiltinsUnique rejects a duplicate sel or name.
 var builtins = [...]builtin{
-	{0, "round-robin", func(_ Config, eps []*upstream.Endpoint) (Picker, error) { return newRoundRobin(eps), nil }},
-	{2, "weighted-round-robin", func(_ Config, eps []*upstream.Endpoint) (Picker, error) { return newWeightedRR(eps), nil }},
-	{3, "session-affinity", func(cfg Config, eps []*upstream.Endpoint) (Picker, error) { return newSession(cfg, eps), nil }},
-	{4, "least-inflight", func(_ Config, eps []*upstream.Endpoint) (Picker, error) { return newLeastInFlight(eps), nil }},
-	{8, "chwbl", func(cfg Config, eps []*upstream.Endpoint) (Picker, error) { return newCHWBL(cfg, eps, false) }},
-	{10, "weighted-chwbl", func(cfg Config, eps []*upstream.Endpoint) (Picker, error) { return newCHWBL(cfg, eps, true) }},
+	{0, "round-robin", Inputs{}, func(_ Config, eps []*upstream.Endpoint) (Picker, error) { return newRoundRobin(eps), nil }},
+	{2, "weighted-round-robin", Inputs{}, func(_ Config, eps []*upstream.Endpoint) (Picker, error) { return newWeightedRR(eps), nil }},
+	{3, "session-affinity", Inputs{Session: true}, func(cfg Config, eps []*upstream.Endpoint) (Picker, error) { return newSession(cfg, eps), nil }},
+	{4, "least-inflight", Inputs{}, func(_ Config, eps []*upstream.Endpoint) (Picker, error) { return newLeastInFlight(eps), nil }},
+	{8, "chwbl", Inputs{Key: true, Conv: true}, func(cfg Config, eps []*upstream.Endpoint) (Picker, error) { return newCHWBL(cfg, eps, false) }},
+	{10, "weighted-chwbl", Inputs{Key: true, Conv: true}, func(cfg Config, eps []*upstream.Endpoint) (Picker, error) { return newCHWBL(cfg, eps, true) }},
 }
 
 func lookupBuiltin(sel int) (builtin, bool) {

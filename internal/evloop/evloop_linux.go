@@ -212,6 +212,12 @@ func (l *Loop) Arm(t *Timer, at int64) {
 	// Later than the heap's key: re-keyed when the key comes up.
 }
 
+// Cancel cancels t's deadline without heap work: t stays in the heap
+// until its old deadline comes up (or it is armed again, which then costs
+// nothing when the new deadline is later). For a timer cancelled and
+// re-armed with every request; Disarm before the owner goes away.
+func (l *Loop) Cancel(t *Timer) { t.next = 0 }
+
 // Disarm cancels t's deadline and takes it out of the heap, so the loop
 // holds no reference to its owner.
 func (l *Loop) Disarm(t *Timer) {

@@ -42,7 +42,7 @@ func Read(fd int, p []byte) (int, syscall.Errno) {
 const MaxIovec = 4
 
 // Writev is one writev(2) of bufs (at most MaxIovec of them; empty ones
-// are skipped) on fd; iov is the caller's scratch for the vector, so
+// are skipped; a single one is a write(2)) on fd; iov is the caller's scratch for the vector, so
 // nothing is allocated. It returns how many bytes the socket took.
 func Writev(fd int, bufs [][]byte, iov *[MaxIovec]syscall.Iovec) (int, syscall.Errno) {
 	if len(bufs) > MaxIovec {
@@ -61,8 +61,15 @@ func Writev(fd int, bufs [][]byte, iov *[MaxIovec]syscall.Iovec) (int, syscall.E
 	if k == 0 {
 		return 0, 0
 	}
+	call := uintptr(syscall.SYS_WRITEV)
+	arg, cnt := uintptr(unsafe.Pointer(&iov[0])), uintptr(k)
+	if k == 1 {
+		// One buffer: write(2), which the kernel takes without importing
+		// a vector.
+		call, arg, cnt = syscall.SYS_WRITE, uintptr(unsafe.Pointer(iov[0].Base)), uintptr(iov[0].Len)
+	}
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(k))
+		n, _, e := syscall.RawSyscall(call, uintptr(fd), arg, cnt)
 		if e == syscall.EINTR {
 			continue
 		}
