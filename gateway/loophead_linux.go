@@ -23,13 +23,14 @@ import (
 
 var strDate = []byte("Date")
 
-// appendUpstreamFields appends the worker's request head for req, up to
-// but not including its ending blank line (roundTrip's contract: the caller
-// appends it, or Connection: close and it): req's method and target, the
-// gateway's HTTP/1.1, Host: host, req's fields but the connection-scoped
-// ones, Host, Content-Length and X-Request-Id, then X-Request-Id: id and,
-// unless bodyless (GET, HEAD), the length of the body sent.
-func appendUpstreamFields(dst []byte, req *h1.Request, host string, id []byte, bodyLen int, bodyless bool) []byte {
+// appendUpstreamFields appends the worker's request head for req (parsed
+// from head), up to but not including its ending blank line (roundTrip's
+// contract: the caller appends it, or Connection: close and it): req's
+// method and target, the gateway's HTTP/1.1, Host: host, req's field lines
+// but the connection-scoped ones, Host, Content-Length and X-Request-Id,
+// then X-Request-Id: id and, unless bodyless (GET, HEAD), the length of
+// the body sent.
+func appendUpstreamFields(dst []byte, head []byte, req *h1.Request, host string, id []byte, bodyLen int, bodyless bool) []byte {
 	dst = append(dst, req.Method...)
 	dst = append(dst, ' ')
 	dst = append(dst, req.Target...)
@@ -38,18 +39,78 @@ func appendUpstreamFields(dst []byte, req *h1.Request, host string, id []byte, b
 	dst = append(dst, '\r', '\n')
 	var scratch [4][]byte
 	conn := connectionValues(req.Fields, scratch[:0])
-	for _, f := range req.Fields {
-		if isHopHeader(f.Name) || bytes.EqualFold(f.Name, strHost) || bytes.EqualFold(f.Name, strContentLength) ||
-			bytes.EqualFold(f.Name, hdrRequestID) || len(conn) > 0 && namedIn(conn, f.Name) {
-			continue
-		}
-		dst = appendField(dst, f.Name, f.Value)
-	}
+	dst = appendKept(dst, head, req.Fields, conn, dropToWorker)
 	dst = appendField(dst, hdrRequestID, id)
 	if !bodyless {
 		dst = append(dst, "Content-Length: "...)
 		dst = strconv.AppendInt(dst, int64(bodyLen), 10)
 		dst = append(dst, '\r', '\n')
+	}
+	return dst
+}
+
+// Field classes: what a field name is to the gateway (fieldClass).
+const (
+	fHop       = 1 << iota // connection-scoped (hopHeaders)
+	fHost                  // Host
+	fLength                // Content-Length
+	fRequestID             // X-Request-Id
+	fDate                  // Date
+
+	// dropToWorker: fields the worker's request does not take from the
+	// client's (the gateway writes its own Host, length and id).
+	dropToWorker = fHop | fHost | fLength | fRequestID
+	// dropToClient: fields the client's answer does not take from the
+	// worker's (the gateway writes its own id and framing; Date is
+	// written first, apart).
+	dropToClient = fHop | fLength | fRequestID | fDate
+)
+
+// fieldClass classifies a field name in one switch on its length.
+func fieldClass(k []byte) int {
+	switch len(k) {
+	case 4:
+		switch {
+		case bytes.EqualFold(k, strHost):
+			return fHost
+		case bytes.EqualFold(k, strDate):
+			return fDate
+		}
+	case 12:
+		if bytes.EqualFold(k, hdrRequestID) {
+			return fRequestID
+		}
+	case 14:
+		if bytes.EqualFold(k, strContentLength) {
+			return fLength
+		}
+	}
+	if isHopHeader(k) {
+		return fHop
+	}
+	return 0
+}
+
+// appendKept appends the field lines of fs (parsed from head) that drop
+// does not name and no Connection value conn names, copying runs of
+// adjacent kept lines in one piece, as they came.
+func appendKept(dst, head []byte, fs []h1.Field, conn [][]byte, drop int) []byte {
+	run := -1 // start of the run of kept lines not yet copied
+	for i := range fs {
+		f := &fs[i]
+		if fieldClass(f.Name)&drop == 0 && (len(conn) == 0 || !namedIn(conn, f.Name)) {
+			if run < 0 {
+				run = f.Start
+			}
+			continue
+		}
+		if run >= 0 {
+			dst = append(dst, head[run:f.Start]...)
+			run = -1
+		}
+	}
+	if run >= 0 {
+		dst = append(dst, head[run:fs[len(fs)-1].End]...)
 	}
 	return dst
 }

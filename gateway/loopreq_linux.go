@@ -75,7 +75,8 @@ type loopReq struct {
 	lastErr        error
 
 	// The answer.
-	ans       h1.Response // its head, parsed in place in u.buf
+	ans       h1.Response // its head, parsed in place in u.buf[ansAt:]
+	ansAt     int
 	status    int
 	mode      relayMode
 	bodyStart int // in u.buf
@@ -119,7 +120,9 @@ func (pl *planeLoop) putReq(r *loopReq) {
 // begin starts forwarding r, routed to rt, for client c.
 func (r *loopReq) begin(c *cliConn, rt *ruleRuntime) {
 	r.c, r.rt = c, rt
-	r.start = r.pl.l.Tick()
+	// The request's time: when the loop's wait that brought its last
+	// bytes ended.
+	r.start = r.pl.l.Now()
 	m := string(r.req.Method)
 	r.isHead = m == fasthttp.MethodHead
 	r.bodyless = r.isHead || m == fasthttp.MethodGet // upstreamBodyless
@@ -177,7 +180,7 @@ func (r *loopReq) pick() {
 	r.ep, r.route, r.spill = d.Endpoint, d.Reason.String(), d.Spill
 	r.ep.Acquire()
 	r.acquired = true
-	r.st.upHead = appendUpstreamFields(r.st.upHead[:0], &r.req, r.ep.Addr, r.id, len(r.body), r.bodyless)
+	r.st.upHead = appendUpstreamFields(r.st.upHead[:0], r.c.buf, &r.req, r.ep.Addr, r.id, len(r.body), r.bodyless)
 	r.pool = r.pl.pool(rt, r.ep.Index)
 	r.redialed = false
 	r.upStart = r.pl.l.Tick()
@@ -242,6 +245,9 @@ func (r *loopReq) sendFailed(err error) {
 
 // answerError answers the gateway's own error and ends r.
 func (r *loopReq) answerError(err error) {
+	// The endpoint's count ends before the client can see the answer (as
+	// on the goroutine plane, whose relay releases before it writes).
+	r.release()
 	c := r.c
 	c.closeAfter = c.closeAfter || r.pl.p.closing.Load()
 	head, body := r.pl.errorAnswer(err, r.id, c.closeAfter)
@@ -305,6 +311,7 @@ func (r *loopReq) answerHead(bodyStart int) {
 		// No body: HEAD, 204, 304 (1xx but 100 never comes here). Its
 		// length headers are the worker's.
 		s.recordAnswer(rt, ep, r.status, nil)
+		r.release() // before the client can see the answer
 		r.clientHead(false, 0)
 		if !r.c.send(r.pl.head) {
 			return
@@ -326,12 +333,16 @@ func (r *loopReq) answerHead(bodyStart int) {
 		r.noReuse = true
 	}
 	if !r.sse && r.cl >= 0 && r.cl <= maxBufferedBody {
-		if s.budget.acquire(int64(r.cl)) {
-			r.budget = int64(r.cl)
-			r.mode = relayBuffered
-			if need := bodyStart + r.cl; need > len(u.buf) {
+		// A body that fits the connection's read buffer holds no memory
+		// beyond it; a longer one gets a buffer of its own, charged to the
+		// budget.
+		need := bodyStart + r.cl
+		if need <= len(u.buf) || s.budget.acquire(int64(r.cl)) {
+			if need > len(u.buf) {
+				r.budget = int64(r.cl)
 				u.grow(need)
 			}
+			r.mode = relayBuffered
 			r.onBody()
 			return
 		}
@@ -381,13 +392,7 @@ func (r *loopReq) clientHead(setLength bool, cl int) {
 	b = appendField(b, hdrRequestID, r.id)
 	conn := connectionValues(r.ans.Fields, r.pl.conn[:0])
 	r.pl.conn = conn[:0]
-	for _, f := range r.ans.Fields {
-		if isHopHeader(f.Name) || bytes.EqualFold(f.Name, hdrRequestID) || bytes.EqualFold(f.Name, strContentLength) ||
-			len(conn) > 0 && namedIn(conn, f.Name) {
-			continue
-		}
-		b = appendField(b, f.Name, f.Value)
-	}
+	b = appendKept(b, r.u.buf[r.ansAt:], r.ans.Fields, conn, dropToClient)
 	b = appendFieldString(b, "X-Llmgw-Endpoint", r.ep.ID)
 	b = appendFieldString(b, "X-Llmgw-Route", r.route)
 	switch {
@@ -428,6 +433,7 @@ func (r *loopReq) onBody() {
 func (r *loopReq) bufferedDone(body []byte) {
 	s, rt, ep := r.pl.s, r.rt, r.ep
 	s.recordAnswer(rt, ep, r.status, body)
+	r.release() // before the client can see the answer
 	// The loop's time of the read that completed the body.
 	done := r.pl.l.Now()
 	r.clientHead(true, len(body))
@@ -557,6 +563,7 @@ func (r *loopReq) streamDone() {
 			return
 		}
 	}
+	r.release() // before the client can see the end
 	if r.chunkOut && !c.send(lastChunk) {
 		return
 	}
@@ -1062,6 +1069,7 @@ func (u *upLConn) parseHead() {
 			u.fail(errAnswerHeadTooLarge)
 			return
 		}
+		r.ansAt = u.off
 		if err := h1.ParseResponse(u.buf[u.off:u.off+hl], &r.ans); err != nil {
 			u.fail(err)
 			return

@@ -243,7 +243,11 @@ func (s *Server) readCompletion(key string, kind openai.Kind, h requestView, bod
 	if rt, err = s.lookupRule(key, model); err != nil {
 		return nil, nil, "unknown_model", err
 	}
-	if err := openai.Extract(v, model, kind, rt.prefix, &st.oreq); err != nil {
+	prefix := rt.prefix
+	if !rt.reads.Key {
+		prefix = 0 // nothing reads the content key: hash none of the content
+	}
+	if err := openai.Extract(v, model, kind, prefix, &st.oreq); err != nil {
 		return nil, nil, "invalid_body", err
 	}
 	if st.oreq.Stream && !h.isHTTP11() {

@@ -7,8 +7,14 @@ import (
 )
 
 // Field is one header field line: its name and value (without the
-// whitespace around it), sub-slices of the parsed head.
-type Field struct{ Name, Value []byte }
+// whitespace around it), sub-slices of the parsed head, and where the
+// whole line (its line end included) lies in the head: head[Start:End].
+// Consecutive fields' lines are adjacent, so a run of them can be copied
+// in one piece.
+type Field struct {
+	Name, Value []byte
+	Start, End  int
+}
 
 // ErrHead: a message head this package does not parse. For a request the
 // gateway then leaves the request to fasthttp's parser (which answers what
@@ -78,7 +84,7 @@ func ParseRequest(head []byte, r *Request) error {
 		return fmt.Errorf("%w: not HTTP/1.1", ErrHead)
 	}
 	var err error
-	if rest, err = parseFields(rest, &r.Fields); err != nil {
+	if rest, err = parseFields(rest, len(head)-len(rest), &r.Fields); err != nil {
 		return err
 	}
 	if len(rest) != 0 {
@@ -172,7 +178,7 @@ func ParseResponse(head []byte, r *Response) error {
 		}
 	}
 	var err error
-	if rest, err = parseFields(rest, &r.Fields); err != nil {
+	if rest, err = parseFields(rest, len(head)-len(rest), &r.Fields); err != nil {
 		return err
 	}
 	if len(rest) != 0 {
@@ -248,13 +254,16 @@ func cutLine(b []byte, crlfOnly bool) (line, rest []byte, ok bool) {
 }
 
 // parseFields parses field lines up to the empty line that ends a head,
-// appending them to fs; rest is what follows the empty line.
-func parseFields(b []byte, fs *[]Field) (rest []byte, err error) {
+// appending them to fs; b starts at offset off of the head. rest is what
+// follows the empty line.
+func parseFields(b []byte, off int, fs *[]Field) (rest []byte, err error) {
 	for {
 		line, r, ok := cutLine(b, true)
 		if !ok {
 			return nil, fmt.Errorf("%w: unterminated field line", ErrHead)
 		}
+		start, end := off, off+len(b)-len(r)
+		off = end
 		b = r
 		if len(line) == 0 {
 			return b, nil
@@ -274,7 +283,7 @@ func parseFields(b []byte, fs *[]Field) (rest []byte, err error) {
 				return nil, fmt.Errorf("%w: control character in a field value", ErrHead)
 			}
 		}
-		*fs = append(*fs, Field{Name: line[:colon], Value: v})
+		*fs = append(*fs, Field{Name: line[:colon], Value: v, Start: start, End: end})
 	}
 }
 
@@ -374,4 +383,13 @@ func Tokens(v []byte, f func(tok []byte) bool) {
 			return
 		}
 	}
+}
+
+// LineEnd is the offset in the parsed head just past the request or status
+// line (where the first field line starts).
+func LineEnd(fs []Field, head []byte) int {
+	if len(fs) > 0 {
+		return fs[0].Start
+	}
+	return len(head) - 2 // only the blank line follows
 }

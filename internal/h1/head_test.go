@@ -216,3 +216,25 @@ func FuzzResponseAgainstFasthttp(f *testing.F) {
 		}
 	})
 }
+
+// TestFieldLines: every field's Start:End is its whole line, and the lines
+// of consecutive fields are adjacent.
+func TestFieldLines(t *testing.T) {
+	head := []byte("POST / HTTP/1.1\r\nHost: gw\r\nX-A:  b \r\nContent-Length: 0\r\n\r\n")
+	var r Request
+	if err := ParseRequest(head, &r); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"Host: gw\r\n", "X-A:  b \r\n", "Content-Length: 0\r\n"}
+	for i, f := range r.Fields {
+		if got := string(head[f.Start:f.End]); got != want[i] {
+			t.Fatalf("field %d line %q, want %q", i, got, want[i])
+		}
+		if i > 0 && r.Fields[i-1].End != f.Start {
+			t.Fatalf("field %d does not start where field %d ends", i, i-1)
+		}
+	}
+	if got := LineEnd(r.Fields, head); got != len("POST / HTTP/1.1\r\n") {
+		t.Fatalf("LineEnd = %d", got)
+	}
+}
