@@ -43,6 +43,9 @@ unit:
 	# The gateway suite again on the goroutine plane (the loop plane is the
 	# default on Linux; every data-plane test must hold on both).
 	LLMGW_TEST_DATA_PLANE=goroutine $(GO) test -count=1 ./gateway/
+	# And on the loop plane without io_uring (a write(2) per request to a
+	# worker), as on kernels that do not offer it.
+	LLMGW_TEST_IO_URING=0 $(GO) test -count=1 ./gateway/
 	$(GO) test -count=1 $$($(GO) list $(PKGS) | grep -v -e '/gateway' -e '/reliability' -e '/internal/rawio' -e '/internal/peerwatch' -e '/internal/evloop' -e '/internal/h1')
 	$(MAKE) test-faults
 

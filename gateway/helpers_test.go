@@ -127,6 +127,11 @@ func (b *backend) close() {
 // runs the suite on each.
 var testPlane = os.Getenv("LLMGW_TEST_DATA_PLANE")
 
+// testNoIOURing: LLMGW_TEST_IO_URING=0 runs the loop plane with a write(2)
+// per request to a worker (Config.NoIOURing), as on a kernel without
+// io_uring.
+var testNoIOURing = os.Getenv("LLMGW_TEST_IO_URING") == "0"
+
 // keptUpstream is how many kept (pooled) connections s holds to rt's
 // endpoint i, on the plane serving rt. Only for engines that serve a
 // limited number of connections (keptConns): the loop plane counts those
@@ -187,7 +192,7 @@ func startGateway(t *testing.T, dir string, mod func(*Config)) *Server {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	cfg := Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: dir, DataPlane: testPlane,
+	cfg := Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", StateDir: dir, DataPlane: testPlane, NoIOURing: testNoIOURing,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if mod != nil {
 		mod(&cfg)

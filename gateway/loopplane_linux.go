@@ -64,7 +64,7 @@ func (s *Server) startLoopPlane(key, addr string) (*loopPlane, error) {
 		n = defaultLoops()
 	}
 	for i := 0; i < n; i++ {
-		l, err := evloop.New()
+		l, err := evloop.New(evloop.Options{NoBatching: s.cfg.NoIOURing})
 		if err != nil {
 			p.abort()
 			return nil, fmt.Errorf("gateway: event loop: %w", err)
@@ -77,6 +77,11 @@ func (s *Server) startLoopPlane(key, addr string) (*loopPlane, error) {
 		}
 		pl.listening = true
 		p.loops = append(p.loops, pl)
+	}
+	if l := p.loops[0].l; l.Batching() {
+		s.log.Info("loop plane: requests to workers submitted together through io_uring", "addr", p.acc.addr, "loops", len(p.loops))
+	} else {
+		s.log.Info("loop plane: a write(2) per request to a worker", "addr", p.acc.addr, "loops", len(p.loops), "why", l.SendsError())
 	}
 	for _, pl := range p.loops {
 		p.wg.Add(1)

@@ -829,10 +829,14 @@ type upLConn struct {
 	requests int   // requests started on it
 	lastUsed int64 // loop time its last answer ended
 
-	// Sending: the request's parts and how far they went.
-	parts   [2][]byte
-	sent    int
-	sending bool
+	// Sending: the request's parts and how far they went; a batched send
+	// (evloop.Loop.Send) is queued or in flight while queued.
+	parts    [2][]byte
+	sent     int
+	sending  bool
+	queued   bool
+	sendID   evloop.SendID
+	waitRoom bool // a batched send found no room: the next one waits for Out
 	// Reading: buf[off:n] is what is read and not yet relayed.
 	buf       []byte
 	off, n    int
@@ -907,6 +911,7 @@ func (u *upLConn) Ready(ev uint32) {
 	if u.sending {
 		u.rdPending = u.rdPending || ev&(evloop.In|evloop.RdHup|evloop.Hup|evloop.Err) != 0
 		if ev&(evloop.Out|evloop.Err|evloop.Hup) != 0 {
+			u.waitRoom = false
 			u.write() // reads what came meanwhile once the request is out
 		}
 		return
@@ -954,23 +959,26 @@ func (u *upLConn) fail(err error) {
 // HostClient.WriteTimeout).
 const sendTimeout = 30 * time.Second
 
-// write writes what is left of the request.
+// write writes what is left of the request: through the loop's batched
+// sends when it has them (Sent goes on), else write(2) by write(2).
 func (u *upLConn) write() {
-	for u.sending {
-		var rest [2][]byte
-		k, skip := 0, u.sent
-		for _, p := range u.parts {
-			if skip >= len(p) {
-				skip -= len(p)
-				continue
-			}
-			rest[k] = p[skip:]
-			skip = 0
-			k++
+	if u.pl.l.Batching() {
+		if u.queued || u.waitRoom || !u.sending {
+			return
 		}
-		if k == 0 {
-			u.sending = false
-			break
+		rest := u.rest()
+		u.queued = true
+		u.sendID = u.pl.l.Send(u.fd, rest[0], rest[1], u)
+		// The first-byte timeout counts from the send (submitted when
+		// this loop turn ends, microseconds from now).
+		u.arm(u.pool.key.firstByte)
+		return
+	}
+	for u.sent < len(u.parts[0])+len(u.parts[1]) {
+		rest := u.rest()
+		k := 1
+		if len(rest[1]) > 0 {
+			k = 2
 		}
 		n, e := rawio.Writev(u.fd, rest[:k], &u.pl.iov)
 		switch e {
@@ -986,9 +994,32 @@ func (u *upLConn) write() {
 		u.fail(&sendError{reused: u.requests > 1, err: os.NewSyscallError("writev", e)})
 		return
 	}
+	u.written()
+}
+
+// rest is what is left to send of the request's parts.
+func (u *upLConn) rest() [2][]byte {
+	var rest [2][]byte
+	k, skip := 0, u.sent
+	for _, p := range u.parts {
+		if skip >= len(p) {
+			skip -= len(p)
+			continue
+		}
+		rest[k] = p[skip:]
+		skip = 0
+		k++
+	}
+	return rest
+}
+
+// written: the whole request went out.
+func (u *upLConn) written() {
+	u.sending = false
 	if u.pool.o.quickAck && !u.oneShot {
 		// ReusedConnStall: the engine's answer must not wait for our
-		// delayed ACK of its head. A failure means the socket is
+		// delayed ACK of its head (set after the send: sending puts the
+		// socket back in delayed-ACK mode). A failure means the socket is
 		// unusable; the read reports that.
 		_ = rawio.QuickAckFD(u.fd)
 	}
@@ -998,6 +1029,31 @@ func (u *upLConn) write() {
 	if u.rdPending {
 		u.read()
 	}
+}
+
+// Sent is a batched send's end (evloop.Sender).
+func (u *upLConn) Sent(n int, errno syscall.Errno) {
+	u.queued = false
+	if u.closed || !u.sending {
+		return // given up meanwhile (close shut the socket down)
+	}
+	switch {
+	case errno == syscall.EAGAIN:
+		// No room: the next send waits for the socket to take bytes,
+		// under the send timeout.
+		u.waitRoom = true
+		u.arm(sendTimeout)
+		return
+	case errno != 0:
+		u.fail(&sendError{reused: u.requests > 1, err: os.NewSyscallError("send", errno)})
+		return
+	}
+	u.sent += n
+	if u.sent < len(u.parts[0])+len(u.parts[1]) {
+		u.write()
+		return
+	}
+	u.written()
 }
 
 // readBufSizeUp is a worker connection's read buffer: an answer head
@@ -1157,6 +1213,13 @@ func (u *upLConn) close() {
 		return
 	}
 	u.closed = true
+	if u.queued && !u.pl.l.CancelSend(u.sendID) {
+		// The send is in the kernel's hands, holding the socket: shut it
+		// down, so the send ends now and the worker sees the connection
+		// go (close alone would wait for the send).
+		_ = rawio.ShutdownRDWR(u.fd)
+	}
+	u.queued = false
 	if u.pooled {
 		for i, x := range u.pool.idle {
 			if x == u {

@@ -78,6 +78,11 @@ type Config struct {
 	// of its own; default: the CPUs the process may run on, at most
 	// GOMAXPROCS.
 	Loops int
+	// NoIOURing: the loop plane writes each request to its worker with a
+	// write(2) of its own instead of submitting a loop turn's requests
+	// together through io_uring (where the kernel offers it; see
+	// internal/evloop, "Batched sends").
+	NoIOURing bool
 	// Pprof serves net/http/pprof at /debug/pprof/ on the admin listener.
 	// Off by default; when AdminToken is set, every profile request needs
 	// it (a heap profile shows what the process holds).

@@ -101,6 +101,11 @@ type Loop struct {
 	now   int64
 	evs   [256]syscall.EpollEvent
 
+	// sends batches handlers' sends (sends_linux.go); nil without
+	// io_uring. sendsErr says why there is none.
+	sends    *sends
+	sendsErr error
+
 	mu        sync.Mutex
 	posted    []func()
 	running   []func()
@@ -109,8 +114,16 @@ type Loop struct {
 	stopped   bool
 }
 
-// New creates a loop: its epoll instance and its wake-up eventfd.
-func New() (*Loop, error) {
+// Options configure a loop.
+type Options struct {
+	// NoBatching: never batch sends, even where io_uring is available.
+	NoBatching bool
+}
+
+// New creates a loop: its epoll instance, its wake-up eventfd and, unless
+// opts say otherwise and where the kernel offers io_uring, its batched
+// sends (Batching; SendsError says why not).
+func New(opts Options) (*Loop, error) {
 	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, os.NewSyscallError("epoll_create1", err)
@@ -127,8 +140,24 @@ func New() (*Loop, error) {
 		syscall.Close(epfd)
 		return nil, os.NewSyscallError("epoll_ctl", err)
 	}
+	if opts.NoBatching {
+		l.sendsErr = errors.New("evloop: batching turned off")
+		return l, nil
+	}
+	if l.sends, l.sendsErr = newSends(); l.sends != nil {
+		// The ring's descriptor turns readable when a send that had to
+		// wait completes.
+		ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(l.sends.fd)}
+		if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, l.sends.fd, &ev); err != nil {
+			l.sends.close()
+			l.sends, l.sendsErr = nil, os.NewSyscallError("epoll_ctl io_uring", err)
+		}
+	}
 	return l, nil
 }
+
+// SendsError says why the loop does not batch sends (nil when it does).
+func (l *Loop) SendsError() error { return l.sendsErr }
 
 // Now is the loop's clock, in nanoseconds since New, read when the
 // loop's latest wait ended (Tick reads it again).
@@ -274,6 +303,9 @@ func (l *Loop) Run() error {
 	defer runtime.UnlockOSThread()
 	l.Tick()
 	for !l.stopped {
+		if l.sends != nil {
+			l.submit()
+		}
 		n, err := syscall.EpollWait(l.epfd, l.evs[:], l.waitMillis())
 		l.Tick()
 		if err != nil {
@@ -287,6 +319,10 @@ func (l *Loop) Run() error {
 			fd := int(ev.Fd)
 			if fd == l.efd {
 				l.runPosted()
+				continue
+			}
+			if l.sends != nil && fd == l.sends.fd {
+				l.reap()
 				continue
 			}
 			if fd >= len(l.slots) {
@@ -367,6 +403,9 @@ func (l *Loop) Close() error {
 	err := syscall.Close(l.epfd)
 	if e := syscall.Close(l.efd); err == nil {
 		err = e
+	}
+	if l.sends != nil {
+		l.sends.close()
 	}
 	l.epfd, l.efd = -1, -1
 	return err

@@ -34,7 +34,7 @@ func run(t *testing.T, l *Loop) {
 
 func newLoop(t *testing.T) *Loop {
 	t.Helper()
-	l, err := New()
+	l, err := New(Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

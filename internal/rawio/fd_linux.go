@@ -91,6 +91,13 @@ func ShutdownWrite(fd int) syscall.Errno {
 	return e
 }
 
+// ShutdownRDWR ends both directions of fd's connection (shutdown(2),
+// SHUT_RDWR), whoever else holds the socket.
+func ShutdownRDWR(fd int) syscall.Errno {
+	_, _, e := syscall.RawSyscall(syscall.SYS_SHUTDOWN, uintptr(fd), syscall.SHUT_RDWR, 0)
+	return e
+}
+
 // QuickAckFD is QuickAck on a descriptor.
 func QuickAckFD(fd int) syscall.Errno {
 	_, _, e := syscall.RawSyscall6(syscall.SYS_SETSOCKOPT, uintptr(fd), syscall.IPPROTO_TCP, syscall.TCP_QUICKACK,

@@ -45,6 +45,8 @@ type ServeOptions struct {
 	// event loops (0 the default).
 	DataPlane string
 	Loops     int
+	// IOURing is the negation of gateway.Config.NoIOURing.
+	IOURing bool
 	// EndpointsSource "" or "kubernetes": where rules with endpoints_from
 	// discover their endpoints; Kubeconfig is its client configuration.
 	EndpointsSource string
@@ -114,6 +116,7 @@ load. BENCHMARKS.md measures both.`,
 	f.IntVar(&opts.Procs, "procs", 0, "OS threads running Go code at once (GOMAXPROCS); 0 keeps Go's choice: the CPUs this process may run on, or its container's CPU limit")
 	f.StringVar(&opts.DataPlane, "data-plane", "", `how client connections are served: "loop" (event loops, each on a thread of its own; the default on Linux without --tls-cert) or "goroutine" (a goroutine per connection; the default elsewhere and with --tls-cert). The loop plane hands to the goroutine plane every connection whose request it does not serve itself (P/D and KV-exact rules, backend TLS, host-name endpoints, HTTP/1.0, chunked request bodies, requests the gateway refuses)`)
 	f.IntVar(&opts.Loops, "loops", 0, "event loops of the loop plane; 0: one per CPU this process may run on, at most --procs")
+	f.BoolVar(&opts.IOURing, "io-uring", true, "the loop plane submits the requests of each loop turn to the workers together, in one io_uring_enter(2), where the kernel offers io_uring (it falls back to a write(2) each, and logs why, where not); false: always a write(2) each")
 	f.BoolVar(&opts.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the admin listener (behind the admin token when one is set)")
 	f.StringVar(&opts.EndpointsSource, "endpoints-source", "", `"kubernetes": rules with endpoints_from discover their endpoints from the cluster's EndpointSlices or pods ("" refuses such rules)`)
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig for --endpoints-source kubernetes (default $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
@@ -224,7 +227,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	gcfg := gateway.Config{
 		Listen: opts.Listen, Admin: opts.Admin, AdminToken: token, StateDir: opts.StateDir,
 		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, KVTokenCacheBytes: opts.KVTokenCache, WriteTimeout: opts.WriteTimeout, BufferBudget: opts.BufferBudget, ReleaseIdleBuffers: opts.ReleaseIdle, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
-		DataPlane: opts.DataPlane, Loops: opts.Loops,
+		DataPlane: opts.DataPlane, Loops: opts.Loops, NoIOURing: !opts.IOURing,
 		LogPayloads: opts.LogPayloads, Pprof: opts.Pprof, Logger: log,
 	}
 	if src != nil {
