@@ -61,8 +61,7 @@ const (
 	// client's (the gateway writes its own Host, length and id).
 	dropToWorker = fHop | fHost | fLength | fRequestID
 	// dropToClient: fields the client's answer does not take from the
-	// worker's (the gateway writes its own id and framing; Date is
-	// written first, apart).
+	// worker's (the gateway writes its own id, framing and Date).
 	dropToClient = fHop | fLength | fRequestID | fDate
 )
 

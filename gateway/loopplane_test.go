@@ -250,9 +250,10 @@ func TestLoopPlaneClientGoneCancels(t *testing.T) {
 }
 
 // TestPlanesAnswerAlike sends the same requests through a gateway on each
-// plane and compares what a client sees: status, body and the gateway's
-// and worker's headers (field names compared canonically: the loop plane
-// forwards them as sent, the goroutine plane normalises their case).
+// plane and compares what a client sees: status, body, one Date, and the
+// gateway's and worker's headers (field names compared canonically: the
+// loop plane forwards them as sent, the goroutine plane normalises their
+// case).
 func TestPlanesAnswerAlike(t *testing.T) {
 	b := newBackend(t, "w", func(ctx *fasthttp.RequestCtx) {
 		switch string(ctx.Path()) {
@@ -304,6 +305,11 @@ func TestPlanesAnswerAlike(t *testing.T) {
 			}
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
+			// One Date (the worker sends one too: a proxy forwards a
+			// message with exactly one, RFC 9110 §6.6.1, §5.3).
+			if d := resp.Header.Values("Date"); len(d) != 1 {
+				t.Errorf("%s %s %s: Date %q", plane, rq.method, rq.path, d)
+			}
 			h := resp.Header.Clone()
 			h.Del("Date")
 			answers[plane] = append(answers[plane], seen{resp.StatusCode, string(body), h})
@@ -321,6 +327,86 @@ func TestPlanesAnswerAlike(t *testing.T) {
 			if lv, gv := l.hdr.Values(k), g.hdr.Values(k); strings.Join(lv, ",") != strings.Join(gv, ",") {
 				t.Errorf("%s %s: %s loop %q, goroutine %q", rq.method, rq.path, k, lv, gv)
 			}
+		}
+	}
+}
+
+// TestAnswerHeadsSurviveSplitReads: a worker's answer head that arrives in
+// a read of its own, or whose body ends with the connection before any
+// byte, reaches the client intact on both planes (the loop plane builds
+// the client's head from the worker's bytes when the first body byte
+// comes, so the head's bytes must stay where they are until then).
+func TestAnswerHeadsSurviveSplitReads(t *testing.T) {
+	const head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Worker: kept-%s\r\n%s\r\n"
+	// Longer than the head: bytes written over it would show.
+	long := strings.Repeat("0123456789", 40)
+	cases := []struct {
+		name      string
+		framing   string // the head's length field, if any
+		body      string // written after the gateway has the head
+		rest      string // written right after body
+		closeWith bool   // the worker closes after body (an answer until close)
+		want      string
+	}{
+		{name: "until close, empty", closeWith: true, want: ""},
+		{name: "until close, body later", body: long, closeWith: true, want: long},
+		{name: "chunked, body later", framing: "Transfer-Encoding: chunked\r\n", body: fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(long), long), want: long},
+		{name: "chunked, size line first", framing: "Transfer-Encoding: chunked\r\n", body: fmt.Sprintf("%x\r\n", len(long)), rest: long + "\r\n0\r\n\r\n", want: long},
+		{name: "length, body later", framing: fmt.Sprintf("Content-Length: %d\r\n", len(long)), body: long, want: long},
+	}
+	for _, plane := range []string{PlaneLoop, PlaneGoroutine} {
+		for _, tc := range cases {
+			t.Run(plane+"/"+tc.name, func(t *testing.T) {
+				proceed := make(chan struct{})
+				b := newHardScripted(t, func(c net.Conn, req *http.Request) {
+					fmt.Fprintf(c, head, strings.ReplaceAll(tc.name, " ", ""), tc.framing)
+					<-proceed
+					io.WriteString(c, tc.body)
+					io.WriteString(c, tc.rest)
+					if !tc.closeWith {
+						// Keep the connection until the gateway is done.
+						_, _ = c.Read(make([]byte, 1))
+					}
+				})
+				s := startGateway(t, "", func(c *Config) { c.DataPlane = plane })
+				mustApply(t, s, hardScriptedRule("r", "m1", "", b))
+				done := make(chan struct{})
+				var resp *http.Response
+				var got string
+				var err error
+				go func() {
+					defer close(done)
+					var rb []byte
+					resp, err = newClient(t).Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+					if err == nil {
+						rb, err = io.ReadAll(resp.Body)
+						resp.Body.Close()
+						got = string(rb)
+					}
+				}()
+				// The worker's head is in the gateway (its decision is
+				// logged when the head is parsed, on the loop plane) before
+				// the rest is written.
+				wait.For(t, 10*time.Second, "the gateway to read the answer head", func() bool { return len(s.decisions.list("r", time.Time{})) == 1 })
+				close(proceed)
+				<-done
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.StatusCode != 200 || got != tc.want {
+					t.Fatalf("got %d %q, want 200 %q", resp.StatusCode, got, tc.want)
+				}
+				if w, want := resp.Header.Get("X-Worker"), "kept-"+strings.ReplaceAll(tc.name, " ", ""); w != want {
+					t.Fatalf("X-Worker %q, want %q (header: %v)", w, want, resp.Header)
+				}
+				if ct := resp.Header.Get("Content-Type"); ct != "text/plain" {
+					t.Fatalf("Content-Type %q", ct)
+				}
+				// The gateway serves on.
+				if n := s.metricValue(t, "llmgw_requests_total", "r", "w1", "200"); n != 1 {
+					t.Fatalf("%v answers of 200 counted", n)
+				}
+			})
 		}
 	}
 }

@@ -380,15 +380,13 @@ func (r *loopReq) answerHead(bodyStart int) {
 // connection-scoped field, no X-Request-Id of the worker's, no length),
 // the gateway's fields, and, with setLength, the body's framing (cl < 0:
 // chunked); without, the worker's Content-Length where the status allows
-// one (HEAD, 304). The worker's Date is kept (the gateway's own when it
-// sent none).
+// one (HEAD, 304). Date is the gateway's, as on the goroutine plane
+// (fasthttp's server writes its own): one Date, whatever the worker sent.
 func (r *loopReq) clientHead(setLength bool, cl int) {
 	c := r.c
 	c.closeAfter = c.closeAfter || r.pl.p.closing.Load()
 	b := appendStatusLine(r.pl.head[:0], r.status)
-	if r.ans.Peek(strDate) == nil {
-		b = append(b, r.pl.dateLine()...)
-	}
+	b = append(b, r.pl.dateLine()...)
 	b = appendField(b, hdrRequestID, r.id)
 	conn := connectionValues(r.ans.Fields, r.pl.conn[:0])
 	r.pl.conn = conn[:0]
@@ -506,7 +504,8 @@ func (r *loopReq) stream1() {
 		}
 	}
 	if u.off == u.n {
-		u.off, u.n = 0, 0
+		u.off = u.keep()
+		u.n = u.off
 	}
 }
 
@@ -1070,12 +1069,9 @@ func (u *upLConn) read() {
 			u.buf = u.pl.getUpBuf()
 		}
 		if u.n == len(u.buf) {
-			if u.off > 0 {
-				u.n = copy(u.buf, u.buf[u.off:u.n])
-				if r := u.req; r.mode == relayBuffered {
-					r.bodyStart -= u.off
-				}
-				u.off = 0
+			if keep := u.keep(); u.off > keep {
+				u.n = keep + copy(u.buf[keep:], u.buf[u.off:u.n])
+				u.off = keep
 			} else if !u.headDone {
 				u.fail(errAnswerHeadTooLarge)
 				return
@@ -1107,6 +1103,16 @@ func (u *upLConn) read() {
 		u.arm(u.pool.o.idle)
 		u.req.onBody()
 	}
+}
+
+// keep is where buf's reusable room starts: the answer's head stays in
+// place until the client's head is built from it (its fields point into
+// buf), so before that only the bytes after it move.
+func (u *upLConn) keep() int {
+	if r := u.req; u.headDone && r != nil && !r.headOut {
+		return r.bodyStart
+	}
+	return 0
 }
 
 // parseHead parses the answer's head once buf holds it and hands it to
@@ -1154,9 +1160,8 @@ func (u *upLConn) eof() {
 		return
 	}
 	if r.mode == relayStreamed && r.cl == -2 {
-		// A body that ends with the connection: its end.
-		r.u = nil
-		u.close()
+		// A body that ends with the connection: its end (streamDone
+		// closes u, after the client's head is built from u's buffer).
 		r.streamDone()
 		return
 	}
