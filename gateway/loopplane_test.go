@@ -410,3 +410,48 @@ func TestAnswerHeadsSurviveSplitReads(t *testing.T) {
 		}
 	}
 }
+
+// TestAnswerRecordedBeforeItsEnd: by the time a client has read an
+// answer to its end, the answer is in the metrics (its status, a broken
+// stream's error): both planes record before the last bytes go out, so a
+// client, a test or a scraper never reads a count behind what it saw.
+func TestAnswerRecordedBeforeItsEnd(t *testing.T) {
+	cases := []struct {
+		name, path string
+		script     string // the worker's whole answer; it closes after
+		metric     string
+		labels     []string
+	}{
+		{"buffered", "/v1/chat/completions", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+			"llmgw_requests_total", []string{"r", "w1", "200"}},
+		{"no body", "/v1/other", "HTTP/1.1 204 No Content\r\n\r\n",
+			"llmgw_requests_total", []string{"r", "w1", "204"}},
+		{"chunked, whole", "/v1/other", "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+			"llmgw_requests_total", []string{"r", "w1", "200"}},
+		{"stream, whole", "/v1/chat/completions", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n", "llmgw_requests_total", []string{"r", "w1", "200"}},
+		{"stream, broken", "/v1/chat/completions", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"c\r\ndata: {}\n\n\r\n", "llmgw_stream_errors_total", []string{"r", "w1"}},
+	}
+	for _, plane := range []string{PlaneLoop, PlaneGoroutine} {
+		for _, tc := range cases {
+			t.Run(plane+"/"+tc.name, func(t *testing.T) {
+				b := newHardScripted(t, func(c net.Conn, req *http.Request) {
+					io.WriteString(c, tc.script)
+				})
+				s := startGateway(t, "", func(c *Config) { c.DataPlane = plane })
+				mustApply(t, s, hardScriptedRule("r", "", "", b))
+				resp, err := newClient(t).Post("http://"+s.Addr()+tc.path, "application/json", strings.NewReader(chatBody))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				// No waiting: the count is there when the answer ended.
+				if n := s.metricValue(t, tc.metric, tc.labels...); n != 1 {
+					t.Fatalf("%s%v = %v right after the answer ended, want 1", tc.metric, tc.labels, n)
+				}
+			})
+		}
+	}
+}

@@ -95,6 +95,10 @@ type loopReq struct {
 	ttfb      time.Duration
 	upErr     error
 	noReuse   bool // the worker's connection must not carry another request
+	// observed: the answer's outcome is recorded (observe), before the
+	// client can see its end, as on the goroutine plane, whose relay
+	// records before fasthttp writes the last bytes.
+	observed bool
 }
 
 // dropState gives st back and reports the hand-over reason (route's way
@@ -112,7 +116,7 @@ func (pl *planeLoop) putReq(r *loopReq) {
 	}
 	r.st, r.c, r.rt, r.ep, r.pool, r.u, r.lastErr, r.upErr = nil, nil, nil, nil, nil, nil, nil, nil
 	r.body, r.id = nil, nil
-	r.acquired, r.headOut, r.waiting, r.noReuse, r.redialed = false, false, false, false, false
+	r.acquired, r.headOut, r.waiting, r.noReuse, r.redialed, r.observed = false, false, false, false, false, false
 	r.mode, r.budget, r.attempt = relayNone, 0, 0
 	pl.reqFree = append(pl.reqFree, r)
 }
@@ -278,15 +282,19 @@ func (r *loopReq) clientGone() {
 		r.u = nil
 		u.close()
 	}
-	s.metrics.clientCancels.WithLabelValues(rt.rule.Name).Inc()
-	if ep != nil {
-		if r.headOut {
-			// As relayBody.finish: the answer began, its status counts.
-			now := r.pl.l.Tick()
-			rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(now-r.start), time.Duration(now-r.upStart), r.ttfb)
-		} else {
-			s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "499").Inc()
-		}
+	switch {
+	case r.observed:
+		// The answer was whole and recorded; only its last write failed.
+	case ep != nil && r.headOut:
+		// As relayBody.finish: the answer began, its status counts.
+		s.metrics.clientCancels.WithLabelValues(rt.rule.Name).Inc()
+		now := r.pl.l.Tick()
+		rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(now-r.start), time.Duration(now-r.upStart), r.ttfb)
+	case ep != nil:
+		s.metrics.clientCancels.WithLabelValues(rt.rule.Name).Inc()
+		s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "499").Inc()
+	default:
+		s.metrics.clientCancels.WithLabelValues(rt.rule.Name).Inc()
 	}
 	r.release()
 	if r.budget > 0 {
@@ -313,12 +321,13 @@ func (r *loopReq) answerHead(bodyStart int) {
 		s.recordAnswer(rt, ep, r.status, nil)
 		r.release() // before the client can see the answer
 		r.clientHead(false, 0)
+		r.observed = true
+		rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(now-r.start), r.ttfb, r.ttfb)
 		if !r.c.send(r.pl.head) {
 			return
 		}
 		r.noReuse = r.noReuse || u.n > bodyStart
 		r.finishUpstream(true)
-		rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(now-r.start), r.ttfb, r.ttfb)
 		r.end()
 		return
 	}
@@ -438,6 +447,8 @@ func (r *loopReq) bufferedDone(body []byte) {
 	if s.cfg.LogPayloads {
 		s.log.Debug("response payload", "rule", rt.rule.Name, "endpoint", ep.ID, "status", r.status, "body", string(body))
 	}
+	r.observed = true
+	rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(max(0, done-r.start)), time.Duration(max(0, done-r.upStart)), r.ttfb)
 	ok := false
 	if len(body) <= smallWrite {
 		// One write: head and body in one buffer.
@@ -450,7 +461,6 @@ func (r *loopReq) bufferedDone(body []byte) {
 		return
 	}
 	r.finishUpstream(true)
-	rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(max(0, done-r.start)), time.Duration(max(0, done-r.upStart)), r.ttfb)
 	r.end()
 }
 
@@ -563,15 +573,17 @@ func (r *loopReq) streamDone() {
 		}
 	}
 	r.release() // before the client can see the end
+	r.recordStream()
 	if r.chunkOut && !c.send(lastChunk) {
 		return
 	}
 	r.finishUpstream(r.cl != -2)
-	r.streamFinished()
+	r.end()
 }
 
-// streamFinished records a streamed answer's outcome and ends r.
-func (r *loopReq) streamFinished() {
+// recordStream records a streamed answer's outcome (before the client can
+// see its end).
+func (r *loopReq) recordStream() {
 	s, rt, ep := r.pl.s, r.rt, r.ep
 	if r.upErr != nil {
 		if b := ep.Breaker(); b != nil {
@@ -581,8 +593,8 @@ func (r *loopReq) streamFinished() {
 		s.log.Warn("upstream body failed after the response began", "rule", rt.rule.Name, "endpoint", ep.ID, "sse", r.sse, "err", r.upErr)
 	}
 	now := r.pl.l.Tick()
+	r.observed = true
 	rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(now-r.start), time.Duration(now-r.upStart), r.ttfb)
-	r.end()
 }
 
 // bodyFailed handles a worker's body that broke (closed, reset, bad
@@ -606,6 +618,8 @@ func (r *loopReq) bodyFailed(err error) {
 		return
 	}
 	r.upErr = err
+	r.release() // before the client can see the end
+	r.recordStream()
 	switch {
 	case r.sseEvents && !r.sawDone:
 		// A stream that breaks ends with an error event, which SSE
@@ -625,11 +639,11 @@ func (r *loopReq) bodyFailed(err error) {
 		// last chunk, never a complete one.
 		c.closeAfter = true
 		c.out = c.out[:0]
-		r.streamFinished()
+		r.end()
 		c.close()
 		return
 	}
-	r.streamFinished()
+	r.end()
 }
 
 // clientDrained: the client's socket took every byte; relaying goes on.

@@ -17,7 +17,8 @@ import (
 // (internal/evloop): the same raw system calls as the connections above,
 // on a non-blocking socket descriptor that no runtime poller watches. None
 // of them waits; each returns the kernel's errno (0 on success, EAGAIN
-// when the socket has nothing to give or no room), and none allocates.
+// when the socket has nothing to give or no room) and, with a non-zero
+// errno, a count of 0 (never the raw call's -1), and none allocates.
 // Under the race detector reads and writes are annotated as the
 // connections' are (race_linux.go).
 
@@ -31,10 +32,11 @@ func Read(fd int, p []byte) (int, syscall.Errno) {
 		if e == syscall.EINTR {
 			continue
 		}
-		if e == 0 {
-			raceAfterRead(uintptr(fd), p, int(n))
+		if e != 0 {
+			return 0, e
 		}
-		return int(n), e
+		raceAfterRead(uintptr(fd), p, int(n))
+		return int(n), 0
 	}
 }
 
@@ -73,7 +75,10 @@ func Writev(fd int, bufs [][]byte, iov *[MaxIovec]syscall.Iovec) (int, syscall.E
 		if e == syscall.EINTR {
 			continue
 		}
-		return int(n), e
+		if e != 0 {
+			return 0, e
+		}
+		return int(n), 0
 	}
 }
 
