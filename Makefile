@@ -86,25 +86,28 @@ bench-gateway:
 	$(GO) test -run '^$$' -bench 'Overhead' -benchtime 3s ./gateway/
 	$(GO) test -run '^$$' -bench 'Pick' -benchmem ./gateway/policy/
 
-# bench-overhead: `llmgw bench overhead` in its shapes, one run each
-# (direct, llmgw as a process, nginx and HAProxy side by side; make
-# bench-deps first). The fixed-answer rows pin the targets and the fixed
-# backend to CPU 0 and the load generator to CPU 1 (2-core machine). The
-# stall rows put llmgw and nginx without upstream keep-alive in front of
-# the llama.cpp persona that writes like llama-server, at one request in
-# flight, measured as is and with every CPU kept from halting (see
-# BENCHMARKS.md for why both).
+# bench-overhead: the commands of BENCHMARKS.md's current section, one run
+# each (direct, llmgw as a process, nginx and HAProxy side by side, 20
+# interleaved 1 s rounds; make bench-deps first). The fixed-answer rows pin
+# the targets and the fixed backend to CPU 0 and the load generator to CPU 1
+# (2-core machine). The stall rows put llmgw and nginx without upstream
+# keep-alive in front of the llama.cpp persona that writes like
+# llama-server, at 1, 4 and 8 requests in flight, as is and with every CPU
+# kept from halting (see BENCHMARKS.md for why both). About 20 minutes.
 .PHONY: bench-overhead bench-routing
 BENCH_OUT ?= /tmp/llmgw-bench
+FIXED = ./bin/llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --prompt-bytes 230 --duration 20s --slice 1s --requests 10000000 --targets llmgw,nginx,haproxy
+STALL = ./bin/llmgw bench overhead --engine llamacpp --nagle-stall --pin-targets 0 --pin-load 1 --prompt-bytes 230 --max-tokens 1 --mode closed --duration 20s --slice 1s --requests 10000000 --warmup 50 --targets llmgw,nginx-nokeepalive
 bench-overhead: build
 	@mkdir -p $(BENCH_OUT)
-	./bin/llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --prompt-bytes 230 --mode closed --concurrency 32 --duration 5s --json $(BENCH_OUT)/overhead-fixed-c32.json
-	./bin/llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --prompt-bytes 230 --mode closed --concurrency 256 --duration 5s --json $(BENCH_OUT)/overhead-fixed-c256.json
-	./bin/llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --prompt-bytes 230 --mode open --rps 10000 --concurrency 256 --duration 5s --json $(BENCH_OUT)/overhead-fixed-open.json
-	./bin/llmgw bench overhead --mode open --rps 5000 --concurrency 256 --duration 10s --requests 50000 --json $(BENCH_OUT)/overhead-open.json
+	$(FIXED) --mode closed --concurrency 32 --json $(BENCH_OUT)/overhead-fixed-c32.json
+	$(FIXED) --mode closed --concurrency 256 --json $(BENCH_OUT)/overhead-fixed-c256.json
+	$(FIXED) --mode open --rps 10000 --concurrency 256 --json $(BENCH_OUT)/overhead-fixed-open.json
+	@for c in 1 4 8; do \
+	  $(STALL) --concurrency $$c --json $(BENCH_OUT)/overhead-stall-c$$c.json && \
+	  $(STALL) --concurrency $$c --keep-cpus-awake --json $(BENCH_OUT)/overhead-stall-c$$c-awake.json || exit 1; \
+	done
 	./bin/llmgw bench overhead --mode closed --concurrency 16 --stream --decode-per-token 200us --duration 10s --json $(BENCH_OUT)/overhead-stream.json
-	./bin/llmgw bench overhead --engine llamacpp --nagle-stall --pin-targets 0 --pin-load 1 --prompt-bytes 230 --max-tokens 1 --concurrency 1 --duration 3s --warmup 50 --targets llmgw,nginx-nokeepalive --json $(BENCH_OUT)/overhead-stall-c1.json
-	./bin/llmgw bench overhead --engine llamacpp --nagle-stall --pin-targets 0 --pin-load 1 --prompt-bytes 230 --max-tokens 1 --concurrency 1 --duration 3s --warmup 50 --targets llmgw,nginx-nokeepalive --keep-cpus-awake --json $(BENCH_OUT)/overhead-stall-c1-awake.json
 
 # bench-routing: `llmgw bench routing` over every workload and policy;
 # JSON, Markdown and the PNG chart land in $(BENCH_OUT)/.
