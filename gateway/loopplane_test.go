@@ -455,3 +455,63 @@ func TestAnswerRecordedBeforeItsEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopPlaneSlowClientStopsTheWorkersIdleClock: while a client's socket
+// is full the loop plane does not read the worker, so the worker's idle
+// timeout (its silence) must not run: a slow reader would otherwise have
+// its stream cut and the worker charged with a failure. Checked on the
+// loop's own state (through Post), then the whole answer arrives.
+func TestLoopPlaneSlowClientStopsTheWorkersIdleClock(t *testing.T) {
+	const size = 8 << 20
+	big := bytes.Repeat([]byte("0123456789abcdef"), size/16)
+	b := newBackend(t, "w", func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for i := 0; i < len(big); i += 64 << 10 {
+				w.Write(big[i : i+64<<10])
+				w.Flush()
+			}
+		})
+	})
+	s := loopGateway(t, b, "")
+	c, br := dialGW(t, s)
+	io.WriteString(c, loopRequest(chatBody))
+	// The client reads nothing until the request waits on it.
+	lp := s.listeners[""].loop
+	type seen struct{ waiting, armed bool }
+	state := func() seen {
+		ch := make(chan seen, len(lp.loops))
+		for _, pl := range lp.loops {
+			if !pl.l.Post(func() {
+				var v seen
+				for cc := range pl.clients {
+					if r := cc.req; r != nil && r.waiting && r.u != nil {
+						v = seen{true, r.u.timer.Armed()}
+					}
+				}
+				ch <- v
+			}) {
+				t.Fatal("a loop stopped")
+			}
+		}
+		var v seen
+		for range lp.loops {
+			if x := <-ch; x.waiting {
+				v = x
+			}
+		}
+		return v
+	}
+	var v seen
+	wait.For(t, 10*time.Second, "the request to wait on its client", func() bool { v = state(); return v.waiting })
+	if v.armed {
+		t.Fatal("the worker's idle timeout runs while the gateway does not read it")
+	}
+	resp, got := readAnswer(t, br)
+	if resp.StatusCode != 200 || len(got) != size || got != string(big) {
+		t.Fatalf("status %d, %d bytes", resp.StatusCode, len(got))
+	}
+	if n := s.metricValue(t, "llmgw_stream_errors_total", "r", "w"); n != 0 {
+		t.Fatalf("%v stream errors", n)
+	}
+}

@@ -379,7 +379,7 @@ func (r *loopReq) answerHead(bodyStart int) {
 		if !r.c.send(r.pl.head) {
 			return // the client left: abandon ended r
 		}
-		r.waiting = len(r.c.out) > 0
+		r.wait()
 	}
 	r.onBody()
 }
@@ -551,8 +551,19 @@ func (r *loopReq) relay(data []byte) bool {
 	if !c.send(parts[:k]...) {
 		return false
 	}
-	r.waiting = len(c.out) > 0
+	r.wait()
 	return true
+}
+
+// wait notes whether the client's socket is full (bytes wait in its out):
+// the worker is then not read until it drains, and its idle timeout stops
+// counting (the worker is not silent, the gateway is not reading; the
+// client's write timeout bounds the wait). clientDrained restarts it.
+func (r *loopReq) wait() {
+	r.waiting = len(r.c.out) > 0
+	if r.waiting {
+		r.pl.l.Disarm(&r.u.timer)
+	}
 }
 
 func appendChunkSize(dst []byte, n int) []byte {
@@ -652,6 +663,7 @@ func (r *loopReq) clientDrained() {
 		return
 	}
 	r.waiting = false
+	r.u.arm(r.u.pool.o.idle)
 	r.stream1()
 	if r.u != nil && !r.waiting && r.u.rdPending {
 		r.u.read()
