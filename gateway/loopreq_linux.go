@@ -282,19 +282,16 @@ func (r *loopReq) clientGone() {
 		r.u = nil
 		u.close()
 	}
-	switch {
-	case r.observed:
-		// The answer was whole and recorded; only its last write failed.
-	case ep != nil && r.headOut:
-		// As relayBody.finish: the answer began, its status counts.
+	if !r.observed { // else the answer was whole and recorded; only its last write failed
 		s.metrics.clientCancels.WithLabelValues(rt.rule.Name).Inc()
-		now := r.pl.l.Tick()
-		rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(now-r.start), time.Duration(now-r.upStart), r.ttfb)
-	case ep != nil:
-		s.metrics.clientCancels.WithLabelValues(rt.rule.Name).Inc()
-		s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "499").Inc()
-	default:
-		s.metrics.clientCancels.WithLabelValues(rt.rule.Name).Inc()
+		switch {
+		case ep != nil && r.headOut:
+			// As relayBody.finish: the answer began, its status counts.
+			now := r.pl.l.Tick()
+			r.observe(time.Duration(now-r.start), time.Duration(now-r.upStart))
+		case ep != nil:
+			s.metrics.requests.WithLabelValues(rt.rule.Name, ep.ID, "499").Inc()
+		}
 	}
 	r.release()
 	if r.budget > 0 {
@@ -321,8 +318,7 @@ func (r *loopReq) answerHead(bodyStart int) {
 		s.recordAnswer(rt, ep, r.status, nil)
 		r.release() // before the client can see the answer
 		r.clientHead(false, 0)
-		r.observed = true
-		rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(now-r.start), r.ttfb, r.ttfb)
+		r.observe(time.Duration(now-r.start), r.ttfb)
 		if !r.c.send(r.pl.head) {
 			return
 		}
@@ -447,8 +443,7 @@ func (r *loopReq) bufferedDone(body []byte) {
 	if s.cfg.LogPayloads {
 		s.log.Debug("response payload", "rule", rt.rule.Name, "endpoint", ep.ID, "status", r.status, "body", string(body))
 	}
-	r.observed = true
-	rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(max(0, done-r.start)), time.Duration(max(0, done-r.upStart)), r.ttfb)
+	r.observe(time.Duration(max(0, done-r.start)), time.Duration(max(0, done-r.upStart)))
 	ok := false
 	if len(body) <= smallWrite {
 		// One write: head and body in one buffer.
@@ -604,8 +599,14 @@ func (r *loopReq) recordStream() {
 		s.log.Warn("upstream body failed after the response began", "rule", rt.rule.Name, "endpoint", ep.ID, "sse", r.sse, "err", r.upErr)
 	}
 	now := r.pl.l.Tick()
+	r.observe(time.Duration(now-r.start), time.Duration(now-r.upStart))
+}
+
+// observe records r's answer (status and times) once: before the client
+// can see its end, or when the client left mid-answer (clientGone).
+func (r *loopReq) observe(total, upstream time.Duration) {
 	r.observed = true
-	rt.obs.observe(ep.Index, ep.ID, r.status, time.Duration(now-r.start), time.Duration(now-r.upStart), r.ttfb)
+	r.rt.obs.observe(r.ep.Index, r.ep.ID, r.status, total, upstream, r.ttfb)
 }
 
 // bodyFailed handles a worker's body that broke (closed, reset, bad
