@@ -225,8 +225,9 @@ func TestLoopPlaneShutdownFinishesInFlight(t *testing.T) {
 // waits on the worker: the worker's connection is closed (engines abort
 // the request), the endpoint's count returns to 0, 499 is counted.
 func TestLoopPlaneClientGoneCancels(t *testing.T) {
-	gone := make(chan struct{})
+	gone, got := make(chan struct{}), make(chan struct{})
 	b := newBackend(t, "w", func(ctx *fasthttp.RequestCtx) {
+		close(got)
 		ctx.HijackSetNoResponse(true)
 		ctx.Hijack(func(c net.Conn) {
 			// Wait for the gateway to drop the connection.
@@ -238,7 +239,17 @@ func TestLoopPlaneClientGoneCancels(t *testing.T) {
 	c, _ := dialGW(t, s)
 	io.WriteString(c, loopRequest(chatBody))
 	rt := s.rules["r"]
-	wait.For(t, 10*time.Second, "the request in flight", func() bool { return rt.inFlight() == 1 })
+	// The worker has the request (in flight alone is too early: the
+	// request may not have left the gateway, and then the worker never
+	// sees a connection to drop).
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker never got the request")
+	}
+	if n := rt.inFlight(); n != 1 {
+		t.Fatalf("%d requests in flight", n)
+	}
 	c.Close()
 	select {
 	case <-gone:

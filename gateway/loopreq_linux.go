@@ -910,8 +910,13 @@ func (u *upLConn) Ready(ev uint32) {
 	}
 	if u.req == nil {
 		// Idle in the pool: the worker closed it, reset it or sent bytes
-		// nobody asked for. It carries nothing any more.
-		u.close()
+		// nobody asked for, and it carries nothing any more. Writability
+		// alone says nothing: edge-triggered readiness reports it again
+		// whenever the worker acknowledges bytes sent earlier, which may
+		// come after the answer was read.
+		if ev&(evloop.In|evloop.RdHup|evloop.Hup|evloop.Err) != 0 {
+			u.close()
+		}
 		return
 	}
 	if u.connecting {
