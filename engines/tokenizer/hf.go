@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // ErrUnsupported classifies a tokenizer.json (or tokenizer_config.json)
@@ -31,6 +32,12 @@ type HF struct {
 	kind  modelKind
 	model bpe
 	norm  []normStep // normalizers, in order, on each segment between added tokens
+	// normCut: a long segment may be normalized and pre-tokenized in parts
+	// cut before a space between two ASCII letters (spacedWordCut), so that
+	// EncodeUntil normalizes only what it walks. normChunk is the least part
+	// (0: defaultNormChunk); tests set it to 1 to cut at every such space.
+	normCut   bool
+	normChunk int
 	// split is the pre-tokenizer before BPE (byte-level: the Split steps
 	// before ByteLevel; nil: the whole segment is one piece).
 	split splitter
@@ -257,6 +264,7 @@ func parseHF(data []byte) (*HF, error) {
 		return nil, err
 	}
 	t.bosFromPostProcessor(f.PostProcessor)
+	t.normCut = t.kind == kindByteBPE && cutsSpacedWords(t.norm, t.split, t.blRegex)
 	return t, nil
 }
 
@@ -880,7 +888,115 @@ func (t *HF) encodeOrdinary(dst []uint32, seg string) []uint32 {
 // encodeSegment encodes one segment between added tokens; first reports
 // that it starts the text (Metaspace's prepend_scheme "first"). Each unit
 // asks st first; once st has stopped, units are only counted.
+//
+// With normCut a segment longer than the chunk is encoded part by part, so
+// that a caller who stops early (EncodeUntil) has normalized only the parts
+// it reached, not a whole 256 KiB user turn. The parts give the ids of the
+// whole: see cutsSpacedWords.
 func (t *HF) encodeSegment(dst []uint32, seg string, first bool, st *encodeState) []uint32 {
+	if !t.normCut {
+		return t.encodePart(dst, seg, first, st)
+	}
+	chunk := t.normChunk
+	if chunk <= 0 {
+		chunk = defaultNormChunk
+	}
+	for seg != "" {
+		k := spacedWordCut(seg, chunk)
+		dst = t.encodePart(dst, seg[:k], first, st)
+		seg, first = seg[k:], false
+	}
+	return dst
+}
+
+// defaultNormChunk is the least part of a segment encodeSegment normalizes
+// at once: large enough that cutting costs nothing on short prompts, small
+// next to the openings a KV-exact decision walks (tens of KiB).
+const defaultNormChunk = 4 << 10
+
+// spacedWordCut is the first index k >= min of s with an ASCII letter
+// before it, a space at it and an ASCII letter after that, or len(s).
+func spacedWordCut(s string, min int) int {
+	for i := max(min, 1); i+1 < len(s); {
+		j := strings.IndexByte(s[i:], ' ')
+		if j < 0 {
+			break
+		}
+		i += j
+		if i+1 < len(s) && isASCIILetter(s[i-1]) && isASCIILetter(s[i+1]) {
+			return i
+		}
+		i++
+	}
+	return len(s)
+}
+
+// cutsSpacedWords reports whether a byte-level tokenizer's normalization and
+// pre-tokenization give the same pieces for a text as for its two parts cut
+// before a space that sits between two ASCII letters ("ab|_cd"), so that
+// encodeSegment may cut there:
+//   - NFC and NFKC leave ASCII as it is and nothing composes across the
+//     space (U+0020 is a starter that is no composition's second
+//     character), so normalizing the parts gives the whole's normalization;
+//     Prepend and Replace (which would apply to each part, or match across
+//     the cut) are not cut-safe, and without normalizers there is nothing
+//     to save;
+//   - the Qwen/Llama-3 and GPT-2 patterns (qwenScanner, gpt2Scanner, and
+//     ByteLevel's own regex, which is gpt2Pattern) end a run of letters at
+//     the space and start the next piece there (" ?\p{L}+" or
+//     "[^\r\n\p{L}\p{N}]?\p{L}+"), reading nothing past the letter
+//     before it to end the run; a \p{N} split leaves both letters in gaps
+//     that the pattern then cuts there. Literal and other regex Splits are
+//     not analysed and not cut. add_prefix_space adds a space only where a
+//     piece does not start with one, so it is the same for the second part.
+//
+// FuzzNormCutMatchesWhole checks it against encoding the segment whole.
+func cutsSpacedWords(steps []normStep, split, blRegex splitter) bool {
+	if len(steps) == 0 {
+		return false
+	}
+	for _, st := range steps {
+		if st.op != normNFC && st.op != normNFKC {
+			return false
+		}
+	}
+	cutting := func(sp splitter) bool {
+		switch sp.(type) {
+		case qwenScanner, gpt2Scanner:
+			return true
+		}
+		return false
+	}
+	regex := false
+	switch sp := split.(type) {
+	case nil:
+	case seqSplitter:
+		for _, s := range sp {
+			switch {
+			case cutting(s):
+				regex = true
+			case s == (numberSplitter{}) || s == (numberSplitter{run: true}):
+			default:
+				return false
+			}
+		}
+	default:
+		if !cutting(sp) {
+			return false
+		}
+		regex = true
+	}
+	if blRegex != nil {
+		if !cutting(blRegex) {
+			return false
+		}
+		regex = true
+	}
+	return regex
+}
+
+// encodePart is encodeSegment on one part of a segment.
+func (t *HF) encodePart(dst []uint32, seg string, first bool, st *encodeState) []uint32 {
 	if seg == "" {
 		return dst
 	}
@@ -996,6 +1112,7 @@ func (t *HF) Decode(ids []uint32) string {
 // beside them, as the library does.
 type addedMatcher struct {
 	first  [256]bool               // bytes that can start an added token
+	starts string                  // those bytes, for strings.IndexAny
 	byByte map[byte][]hfAddedToken // candidates by first byte, longest first
 	byText map[string]uint32
 }
@@ -1010,7 +1127,38 @@ func newAddedMatcher(toks []hfAddedToken) addedMatcher {
 	for _, c := range m.byByte {
 		sort.SliceStable(c, func(i, j int) bool { return len(c[i].Content) > len(c[j].Content) })
 	}
+	var starts []byte
+	for b := range 256 {
+		if m.first[b] {
+			starts = append(starts, byte(b))
+		}
+	}
+	m.starts = string(starts)
 	return m
+}
+
+// nextStart is the index of the first byte at or after i that can start an
+// added token, or len(text). A prompt is mostly plain text: with one such
+// byte (Qwen3's added tokens all start with '<') the search is
+// strings.IndexByte, vectorised; with several ASCII ones IndexAny; a first
+// byte outside ASCII (which IndexAny would read as part of a rune) takes
+// the byte loop.
+func (m *addedMatcher) nextStart(text string, i int) int {
+	switch {
+	case len(m.starts) == 1:
+		if j := strings.IndexByte(text[i:], m.starts[0]); j >= 0 {
+			return i + j
+		}
+		return len(text)
+	case m.starts[len(m.starts)-1] < utf8.RuneSelf:
+		if j := strings.IndexAny(text[i:], m.starts); j >= 0 {
+			return i + j
+		}
+		return len(text)
+	}
+	for ; i < len(text) && !m.first[text[i]]; i++ {
+	}
+	return i
 }
 
 // stripsLeft reports whether text is an added token that absorbs the
@@ -1040,10 +1188,7 @@ func (m *addedMatcher) each(text string, fn func(seg string, id uint32, isAdded 
 		return
 	}
 	start := 0 // start of the pending plain segment
-	for i := 0; i < len(text); i++ {
-		if !m.first[text[i]] {
-			continue
-		}
+	for i := m.nextStart(text, 0); i < len(text); i = m.nextStart(text, i+1) {
 		for _, a := range m.byByte[text[i]] {
 			if !strings.HasPrefix(text[i:], a.Content) {
 				continue
