@@ -102,7 +102,7 @@ type JinjaRenderer struct {
 // NewJinjaRenderer compiles a chat template. specialTokens maps template
 // variable names (e.g. "bos_token") to their text; nil means none.
 func NewJinjaRenderer(template string, specialTokens map[string]string) (*JinjaRenderer, error) {
-	tpl, err := jinja.Compile(rewriteTojson(template))
+	tpl, err := jinja.Compile(rewriteConcat(rewriteTojson(template)))
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: compile chat template: %w", err)
 	}
