@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fastjson"
@@ -128,6 +129,11 @@ func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, c
 }
 
 // messages extracts the chat messages of v as the chat template sees them.
+// A string content shares v's bytes (the parser's buffer, reused by the
+// next request on the connection), so the messages are valid only until
+// the request's routing ends and must not be kept: their one user, text,
+// renders them into a prompt of its own (the renderer writes every value
+// into a new string) and drops them.
 func messages(v *fastjson.Value) ([]tokenizer.Message, error) {
 	arr, err := v.Get("messages").Array()
 	if err != nil {
@@ -140,7 +146,10 @@ func messages(v *fastjson.Value) ([]tokenizer.Message, error) {
 		switch {
 		case c == nil || c.Type() == fastjson.TypeNull:
 		case c.Type() == fastjson.TypeString:
-			msg.Content = string(c.GetStringBytes())
+			// Not copied: a 256 KiB turn would be copied once here and
+			// once more into the rendered prompt. See the contract above.
+			b := c.GetStringBytes()
+			msg.Content = unsafe.String(unsafe.SliceData(b), len(b))
 		case c.Type() == fastjson.TypeArray:
 			var b strings.Builder
 			for _, part := range c.GetArray() {
