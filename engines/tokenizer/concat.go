@@ -37,36 +37,29 @@ func rewriteConcat(src string) string {
 			return b.String()
 		}
 		j += i
-		var end int
+		var end int // just past the tag; -1: it does not close
 		switch src[j+1] {
 		case '#':
-			k := strings.Index(src[j+2:], "#}")
-			if k < 0 {
-				b.WriteString(src[i:])
-				return b.String()
+			if end = strings.Index(src[j+2:], "#}"); end >= 0 {
+				end += j + 4
 			}
-			end = j + 2 + k + 2
 		case '%':
-			k := tagEnd(src, j+2, '%')
-			if k < 0 {
-				b.WriteString(src[i:])
-				return b.String()
-			}
-			end = k
+			end = tagEnd(src, j+2, '%')
 		case '{':
-			k := tagEnd(src, j+2, '}')
-			if k < 0 {
-				b.WriteString(src[i:])
-				return b.String()
-			}
-			b.WriteString(src[i:j])
-			b.WriteString(splitOutput(src[j:k]))
-			i = k
-			continue
+			end = tagEnd(src, j+2, '}')
 		default:
 			end = j + 1
 		}
-		b.WriteString(src[i:end])
+		switch {
+		case end < 0:
+			b.WriteString(src[i:])
+			return b.String()
+		case src[j+1] == '{':
+			b.WriteString(src[i:j])
+			b.WriteString(splitOutput(src[j:end]))
+		default:
+			b.WriteString(src[i:end])
+		}
 		i = end
 	}
 }

@@ -960,37 +960,30 @@ func cutsSpacedWords(steps []normStep, split, blRegex splitter) bool {
 			return false
 		}
 	}
-	cutting := func(sp splitter) bool {
+	// regex: some splitter cuts at the space; a \p{N} split may come
+	// before or after it.
+	regex := false
+	cuts := func(sp splitter, numbersToo bool) bool {
 		switch sp.(type) {
 		case qwenScanner, gpt2Scanner:
+			regex = true
 			return true
+		case numberSplitter:
+			return numbersToo
 		}
 		return false
 	}
-	regex := false
-	switch sp := split.(type) {
-	case nil:
-	case seqSplitter:
-		for _, s := range sp {
-			switch {
-			case cutting(s):
-				regex = true
-			case s == (numberSplitter{}) || s == (numberSplitter{run: true}):
-			default:
+	if seq, ok := split.(seqSplitter); ok {
+		for _, sp := range seq {
+			if !cuts(sp, true) {
 				return false
 			}
 		}
-	default:
-		if !cutting(sp) {
-			return false
-		}
-		regex = true
+	} else if split != nil && !cuts(split, false) {
+		return false
 	}
-	if blRegex != nil {
-		if !cutting(blRegex) {
-			return false
-		}
-		regex = true
+	if blRegex != nil && !cuts(blRegex, false) {
+		return false
 	}
 	return regex
 }
