@@ -273,20 +273,20 @@ func TestKVExactSeedMismatchRaisesParityWarning(t *testing.T) {
 		label []string
 		want  float64
 	}{
-		{"llmgw_kv_token_cache_bytes", []string{"kv"}, float64(cs.bytes)},
-		{"llmgw_kv_token_cache_entries", []string{"kv"}, float64(cs.entries)},
-		{"llmgw_kv_token_cache_lookups_total", []string{"kv", "hit"}, float64(cs.hits)},
-		{"llmgw_kv_token_cache_lookups_total", []string{"kv", "miss"}, float64(cs.misses)},
+		{"llmgw_kv_token_cache_bytes", []string{"kv"}, float64(cs.Bytes)},
+		{"llmgw_kv_token_cache_entries", []string{"kv"}, float64(cs.Entries)},
+		{"llmgw_kv_token_cache_lookups_total", []string{"kv", "hit"}, float64(cs.Hits)},
+		{"llmgw_kv_token_cache_lookups_total", []string{"kv", "miss"}, float64(cs.Misses)},
 	} {
 		if got := gw.metricValue(t, m.name, m.label...); got != m.want {
 			t.Errorf("%s%v = %v; want %v", m.name, m.label, got, m.want)
 		}
 	}
-	if cs.misses < 8 {
-		t.Errorf("token cache counted %d misses for 8 prompts", cs.misses)
+	if cs.Misses < 8 {
+		t.Errorf("token cache counted %d misses for 8 prompts", cs.Misses)
 	}
-	if cs.bytes > DefaultKVTokenCacheBytes {
-		t.Errorf("token cache holds %d bytes, over its bound %d", cs.bytes, DefaultKVTokenCacheBytes)
+	if cs.Bytes > DefaultKVTokenCacheBytes {
+		t.Errorf("token cache holds %d bytes, over its bound %d", cs.Bytes, DefaultKVTokenCacheBytes)
 	}
 }
 
@@ -405,10 +405,10 @@ func TestKVExactEngineTokenizer(t *testing.T) {
 	}
 	// The same request again is answered from the tokenization cache.
 	lt := rt.kv.tok.(*engineTokenizer)
-	n := lt.cache.ll.Len()
+	before := lt.cache.Stats()
 	post(t, c, url, chatBodyFor(system, "q2"))
-	if lt.cache.ll.Len() != n {
-		t.Errorf("a repeated request was tokenized again (cache %d -> %d entries)", n, lt.cache.ll.Len())
+	if after := lt.cache.Stats(); after.Entries != before.Entries || after.Hits != before.Hits+1 {
+		t.Errorf("a repeated request was tokenized again (cache %d -> %d entries, %d -> %d hits)", before.Entries, after.Entries, before.Hits, after.Hits)
 	}
 }
 

@@ -72,7 +72,7 @@ func TestRoutePrefixMatchesFull(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			const nEP = 4
-			lt := &localTokenizer{tok: c.tok, cache: newTokenCache(1<<20, c.tok)}
+			lt := &localTokenizer{tok: c.tok, cache: mustTokenCache(t, 1<<20, c.tok)}
 			if c.kind == openai.Chat {
 				r, err := c.tok.ChatRenderer()
 				if err != nil {
@@ -201,7 +201,7 @@ func BenchmarkKVDecision256K(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	lt := &localTokenizer{tok: q, cache: newTokenCache(1<<20, q)}
+	lt := &localTokenizer{tok: q, cache: mustTokenCache(b, 1<<20, q)}
 	r, err := q.ChatRenderer()
 	if err != nil {
 		b.Fatal(err)

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"container/list"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,14 +9,13 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 	"unsafe"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fastjson"
 
 	"github.com/llmgw/llmgw/engines/tokenizer"
+	"github.com/llmgw/llmgw/gateway/idcache"
 	"github.com/llmgw/llmgw/gateway/openai"
 )
 
@@ -73,23 +71,17 @@ type kvTokenizer interface {
 // not the request.
 const engineTokenizeTimeout = 500 * time.Millisecond
 
-// DefaultKVTokenCacheBytes bounds the token cache of one KV-exact rule
-// (the segment cache of a local tokenizer, the /tokenize answer cache of
-// kvTokenizer "engine"): keys, ids and per-entry overhead together. 64 MiB
-// holds about 10,000 distinct 1,500-token turns with their text; a run of
-// unique long prompts only cycles it.
+// DefaultKVTokenCacheBytes is the arena of the token cache of one KV-exact
+// rule (the segment cache of a local tokenizer, the /tokenize answer cache
+// of kvTokenizer "engine"): texts, ids and 16-byte entry headers together,
+// outside the Go heap (package idcache), so the cache costs this much
+// memory once full and no more. 64 MiB holds about 10,000 distinct
+// 1,500-token turns with their text; a run of unique long prompts only
+// cycles it.
 const DefaultKVTokenCacheBytes = 64 << 20
 
-// cacheEntryOverhead is what one cache entry costs beyond its key text and
-// ids (list element, entry struct, map slot), counted into the byte bound
-// so that many tiny entries cannot exceed it either.
-const cacheEntryOverhead = 128
-
 // cacheStats is a token cache's state for the metrics.
-type cacheStats struct {
-	bytes, entries int
-	hits, misses   uint64
-}
+type cacheStats = idcache.Stats
 
 // newKVTokenizer builds the tokenizer a rule's kvTokenizer names: "engine"
 // (ask a worker's /tokenize), or a tokenizer source for the rule's model
@@ -106,7 +98,11 @@ func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, c
 		if tokenizePath == "" {
 			return nil, fmt.Errorf("%w: the engine has no tokenize endpoint", tokenizer.ErrNoSource)
 		}
-		return &engineTokenizer{path: tokenizePath, baseURL: engineURL, client: client, cache: newEngineCache(cacheBytes)}, nil
+		cache, err := newEngineCache(cacheBytes)
+		if err != nil {
+			return nil, err
+		}
+		return &engineTokenizer{path: tokenizePath, baseURL: engineURL, client: client, cache: cache}, nil
 	case "", "builtin":
 		return nil, fmt.Errorf("%w: KV-exact routing needs the model's tokenizer (kvTokenizer: a tokenizer.json or .gguf path, a models directory, or \"engine\")", tokenizer.ErrNoSource)
 	}
@@ -118,7 +114,11 @@ func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, c
 	if err != nil && !errors.Is(err, tokenizer.ErrNoChatTemplate) {
 		return nil, err
 	}
-	lt := &localTokenizer{tok: hf, cache: newTokenCache(cacheBytes, hf), prefixMinBytes: kvPrefixMinBytes}
+	cache, err := newTokenCache(cacheBytes, hf)
+	if err != nil {
+		return nil, err
+	}
+	lt := &localTokenizer{tok: hf, cache: cache, prefixMinBytes: kvPrefixMinBytes}
 	if jr, ok := r.(*tokenizer.JinjaRenderer); ok {
 		lt.render = jr
 	}
@@ -202,7 +202,7 @@ const kvPrefixMinBytes = 8 << 10
 
 func (t *localTokenizer) name() string { return t.tok.Name() }
 
-func (t *localTokenizer) cacheStats() cacheStats { return t.cache.stats() }
+func (t *localTokenizer) cacheStats() cacheStats { return t.cache.Stats() }
 
 func (t *localTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error) {
 	_, ids, err := t.prompt(ctx, dst, v, kind)
@@ -287,20 +287,25 @@ func (t *localTokenizer) text(dst []uint32, v *fastjson.Value, kind openai.Kind)
 // (added tokens are matched before the BPE runs), so encoding segment by
 // segment gives exactly the ids of encoding the whole text. Chat prompts are
 // mostly special-token-delimited messages, so a growing conversation
-// re-tokenizes only its new turn. The cache is an LRU bounded by the bytes
-// it holds: segment text, 4 per id and cacheEntryOverhead per entry.
+// re-tokenizes only its new turn. The cache (package idcache) holds segment
+// texts and ids in an arena of its byte bound; a segment that keeps being
+// asked for stays, the others go oldest first.
 type tokenCache struct {
 	// markers are the special tokens of the tokenizer at which prompts are
 	// cut: only added tokens that do not absorb the whitespace before them
 	// qualify, since cutting anywhere else could change how the text around
 	// the cut is encoded.
 	markers []string
-	*idCache
+	*idcache.Cache
 }
 
-func newTokenCache(maxBytes int, tok tokenizer.Tokenizer) *tokenCache {
+func newTokenCache(maxBytes int, tok tokenizer.Tokenizer) (*tokenCache, error) {
 	// One segment may not evict most of the cache: at most an eighth.
-	c := &tokenCache{idCache: newIDCache(maxBytes, 8)}
+	ic, err := idcache.New(maxBytes, 8)
+	if err != nil {
+		return nil, err
+	}
+	c := &tokenCache{Cache: ic}
 	// A marker qualifies when the tokenizer says a prompt may be cut before
 	// it (an added token that does not absorb the whitespace before it).
 	if cutter, ok := tok.(interface{ CutsBefore(string) bool }); ok {
@@ -310,7 +315,7 @@ func newTokenCache(maxBytes int, tok tokenizer.Tokenizer) *tokenCache {
 			}
 		}
 	}
-	return c
+	return c, nil
 }
 
 // specialMarkers are the candidate texts at which the cache cuts a prompt:
@@ -370,8 +375,8 @@ func (c *tokenCache) encodeUntil(dst []uint32, text string, tok tokenizer.Tokeni
 		case !more(dst):
 			stopped = true
 		default:
-			if ids, ok := c.lookup(seg); ok {
-				dst = append(dst, ids...)
+			var ok bool
+			if dst, ok = c.Append(dst, seg); ok {
 				continue
 			}
 			start := len(dst)
@@ -404,8 +409,8 @@ func (c *tokenCache) encodeUntil(dst []uint32, text string, tok tokenizer.Tokeni
 func refuse([]uint32) bool { return false }
 
 func (c *tokenCache) segment(dst []uint32, seg string, tok tokenizer.Tokenizer) []uint32 {
-	if ids, ok := c.lookup(seg); ok {
-		return append(dst, ids...)
+	if dst, ok := c.Append(dst, seg); ok {
+		return dst
 	}
 	start := len(dst)
 	dst = tok.Encode(dst, seg)
@@ -413,14 +418,8 @@ func (c *tokenCache) segment(dst []uint32, seg string, tok tokenizer.Tokenizer) 
 	return dst
 }
 
-// store caches a copy of seg's ids. A clone: seg is a substring of the
-// whole rendered prompt, which must not stay reachable through the cache.
-func (c *tokenCache) store(seg string, encoded []uint32) {
-	if !c.fits(seg, encoded) {
-		return
-	}
-	c.put(strings.Clone(seg), append([]uint32(nil), encoded...))
-}
+// store caches seg's ids (the cache copies both into its arena).
+func (c *tokenCache) store(seg string, encoded []uint32) { c.Put(seg, encoded) }
 
 // engineTokenizer asks a worker's tokenize endpoint in vLLM's form
 // ({"messages"} or {"prompt"}; admission accepts "engine" only for an engine
@@ -432,12 +431,12 @@ type engineTokenizer struct {
 	path    string        // the engine's tokenize endpoint (adapter)
 	baseURL func() string // an available worker's base URL, "" if none
 	client  *http.Client
-	cache   *idCache
+	cache   *idcache.Cache
 }
 
 func (t *engineTokenizer) name() string { return "engine" }
 
-func (t *engineTokenizer) cacheStats() cacheStats { return t.cache.stats() }
+func (t *engineTokenizer) cacheStats() cacheStats { return t.cache.Stats() }
 
 func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.Value, kind openai.Kind) ([]uint32, error) {
 	var body []byte
@@ -454,8 +453,8 @@ func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.
 	default:
 		body = fmt.Appendf(nil, `{"model":%s,"prompt":%s}`, v.Get("model"), v.Get("prompt"))
 	}
-	if ids, ok := t.cache.lookupBytes(body); ok {
-		return append(dst, ids...), nil
+	if dst, ok := t.cache.AppendBytes(dst, body); ok {
+		return dst, nil
 	}
 	base := t.baseURL()
 	if base == "" {
@@ -501,7 +500,7 @@ func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.
 		// tokens to a body without "content").
 		return dst, tokenizeErr("tokenize_engine", "/tokenize answered no tokens")
 	}
-	t.cache.put(string(body), out.Tokens)
+	t.cache.Put(string(body), out.Tokens)
 	return append(dst, out.Tokens...), nil
 }
 
@@ -510,92 +509,6 @@ func (t *engineTokenizer) prompt(ctx context.Context, dst []uint32, v *fastjson.
 	return "", ids, err
 }
 
-// idCache is an LRU of token ids by the text they encode (a prompt
-// segment, an engine /tokenize request body), bounded by the bytes it holds
-// (texts, 4 bytes per id and cacheEntryOverhead per entry), so a few huge
-// prompts cannot hold gigabytes. Safe for concurrent use.
-type idCache struct {
-	mu     sync.Mutex
-	max    int
-	share  int // one entry may take at most max/share bytes
-	used   int
-	ll     *list.List
-	items  map[uint64]*list.Element
-	hits   uint64
-	misses uint64
-}
-
-type idCacheEntry struct {
-	key  uint64
-	text string
-	ids  []uint32
-}
-
 // newEngineCache caches an engine's /tokenize answers by request body; one
 // answer may take at most a quarter of it.
-func newEngineCache(max int) *idCache { return newIDCache(max, 4) }
-
-func (e *idCacheEntry) size() int { return entrySize(e.text, e.ids) }
-
-func entrySize(text string, ids []uint32) int { return len(text) + 4*len(ids) + cacheEntryOverhead }
-
-func newIDCache(max, share int) *idCache {
-	return &idCache{max: max, share: share, ll: list.New(), items: map[uint64]*list.Element{}}
-}
-
-func (c *idCache) stats() cacheStats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return cacheStats{bytes: c.used, entries: c.ll.Len(), hits: c.hits, misses: c.misses}
-}
-
-// lookup returns the cached ids of text (shared: the caller copies them).
-func (c *idCache) lookup(text string) ([]uint32, bool) {
-	return c.find(xxhash.Sum64String(text), func(e *idCacheEntry) bool { return e.text == text })
-}
-
-// lookupBytes is lookup for a text held as bytes, without copying it.
-func (c *idCache) lookupBytes(b []byte) ([]uint32, bool) {
-	return c.find(xxhash.Sum64(b), func(e *idCacheEntry) bool { return e.text == string(b) })
-}
-
-func (c *idCache) find(key uint64, same func(*idCacheEntry) bool) ([]uint32, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if el, ok := c.items[key]; ok && same(el.Value.(*idCacheEntry)) {
-		c.ll.MoveToFront(el)
-		c.hits++
-		return el.Value.(*idCacheEntry).ids, true
-	}
-	c.misses++
-	return nil, false
-}
-
-// fits reports whether an entry for text and ids may be cached at all.
-func (c *idCache) fits(text string, ids []uint32) bool {
-	return entrySize(text, ids) <= c.max/c.share
-}
-
-// put caches ids for text as given (the caller hands over both), evicting
-// the least recently used entries beyond the byte bound.
-func (c *idCache) put(text string, ids []uint32) {
-	if !c.fits(text, ids) {
-		return
-	}
-	e := &idCacheEntry{key: xxhash.Sum64String(text), text: text, ids: ids}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if old, ok := c.items[e.key]; ok {
-		c.used -= old.Value.(*idCacheEntry).size()
-		c.ll.Remove(old)
-	}
-	c.items[e.key] = c.ll.PushFront(e)
-	c.used += e.size()
-	for c.used > c.max {
-		old := c.ll.Back()
-		oe := old.Value.(*idCacheEntry)
-		c.ll.Remove(old)
-		delete(c.items, oe.key)
-		c.used -= oe.size()
-	}
-}
+func newEngineCache(max int) (*idcache.Cache, error) { return idcache.New(max, 4) }

@@ -35,7 +35,7 @@ func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
 	words := []string{"the", "cache", " kv", "prefix", "\n", "日本", "!!", "  ", "<|im_end|>", "x.[|", "123", "ünï"}
 	for _, tc := range toks {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newTokenCache(1<<20, tc.tok)
+			c := mustTokenCache(t, 1<<20, tc.tok)
 			if tc.name == "qwen3" && !slices.Contains(c.markers, "<|im_start|>") {
 				t.Fatalf("markers %v lack <|im_start|>", c.markers)
 			}
@@ -60,10 +60,11 @@ func TestTokenCacheEqualsWholeEncoding(t *testing.T) {
 					t.Fatalf("turn %d: cached encoding differs\n text %q\n got  %v\n want %v", turn, text, got, want)
 				}
 			}
-			if c.hits == 0 {
+			st := c.Stats()
+			if st.Hits == 0 {
 				t.Errorf("a growing conversation never hit the cache")
 			}
-			t.Logf("%s: %d hits, %d misses", tc.name, c.hits, c.misses)
+			t.Logf("%s: %d hits, %d misses", tc.name, st.Hits, st.Misses)
 		})
 	}
 }
@@ -76,7 +77,7 @@ func FuzzTokenCacheEqualsWhole(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, text string) {
-		c := newTokenCache(1<<20, tok)
+		c := mustTokenCache(t, 1<<20, tok)
 		want := tok.Encode(nil, text)
 		if got := c.encode(nil, text, tok); !slices.Equal(got, want) {
 			t.Fatalf("%q: %v != %v", text, got, want)
@@ -91,18 +92,18 @@ func TestTokenCacheBoundedByBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newTokenCache(4096, tok)
+	c := mustTokenCache(t, 4096, tok)
 	for i := 0; i < 200; i++ {
 		text := fmt.Sprintf("<|im_start|>user\nturn %d %s<|im_end|>\n", i, strings.Repeat("word ", i%40))
 		if got, want := c.encode(nil, text, tok), tok.Encode(nil, text); !slices.Equal(got, want) {
 			t.Fatalf("turn %d: cached encoding differs", i)
 		}
-		if st := c.stats(); st.bytes > 4096 || st.entries != c.ll.Len() {
-			t.Fatalf("turn %d: cache holds %d bytes in %d entries, bound 4096", i, st.bytes, st.entries)
+		if st := c.Stats(); st.Bytes > 4096 || st.Capacity != 4096 {
+			t.Fatalf("turn %d: cache holds %d bytes in %d entries, arena %d, bound 4096", i, st.Bytes, st.Entries, st.Capacity)
 		}
 	}
-	if c.ll.Len() == 0 {
-		t.Fatalf("nothing cached")
+	if st := c.Stats(); st.Entries == 0 || st.Hits == 0 {
+		t.Fatalf("nothing cached, or nothing found: %+v", st)
 	}
 }
 
@@ -151,4 +152,13 @@ func TestKVTokenizerBOS(t *testing.T) {
 			}
 		})
 	}
+}
+
+func mustTokenCache(t testing.TB, maxBytes int, tok tokenizer.Tokenizer) *tokenCache {
+	t.Helper()
+	c, err := newTokenCache(maxBytes, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

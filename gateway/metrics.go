@@ -254,7 +254,7 @@ var (
 	descKVResyncs         = prometheus.NewDesc("llmgw_kv_resyncs_total", "Inventory clears after a sequence gap, regression, publisher restart or AllBlocksCleared.", []string{"rule", "endpoint"}, nil)
 	descKVMalformed       = prometheus.NewDesc("llmgw_kv_malformed_batches_total", "KV event batches dropped as malformed.", []string{"rule", "endpoint"}, nil)
 	descKVMalformedEvents = prometheus.NewDesc("llmgw_kv_malformed_events_total", "Single KV events (TensorRT-LLM) rejected as malformed inside an otherwise valid drain response; the drain's other events were applied.", []string{"rule", "endpoint"}, nil)
-	descKVTokCacheBytes   = prometheus.NewDesc("llmgw_kv_token_cache_bytes", "Bytes a KV-exact rule's token cache holds (prompt segments or /tokenize bodies, 4 per token id, and per-entry overhead); bounded by llmgw serve --kv-token-cache-bytes.", []string{"rule"}, nil)
+	descKVTokCacheBytes   = prometheus.NewDesc("llmgw_kv_token_cache_bytes", "Bytes the live entries of a KV-exact rule's token cache take (prompt segments or /tokenize bodies, 4 per token id, a 16-byte header each) in its arena, which is llmgw serve --kv-token-cache-bytes outside the Go heap.", []string{"rule"}, nil)
 	descKVTokCacheEntries = prometheus.NewDesc("llmgw_kv_token_cache_entries", "Entries in a KV-exact rule's token cache.", []string{"rule"}, nil)
 	descKVTokCacheLookups = prometheus.NewDesc("llmgw_kv_token_cache_lookups_total", "Token cache lookups of a KV-exact rule by result (hit, miss); the hit ratio is hit over both.", []string{"rule", "result"}, nil)
 	descKVBroken          = prometheus.NewDesc("llmgw_kv_parity_broken", "1 when the self-check sees the engine's cache reuse disagree with the gateway's hashes.", []string{"rule"}, nil)
@@ -286,10 +286,10 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descKVBroken, prometheus.GaugeValue, broken, n)
 		cs := rt.kv.tok.cacheStats()
-		ch <- prometheus.MustNewConstMetric(descKVTokCacheBytes, prometheus.GaugeValue, float64(cs.bytes), n)
-		ch <- prometheus.MustNewConstMetric(descKVTokCacheEntries, prometheus.GaugeValue, float64(cs.entries), n)
-		ch <- prometheus.MustNewConstMetric(descKVTokCacheLookups, prometheus.CounterValue, float64(cs.hits), n, "hit")
-		ch <- prometheus.MustNewConstMetric(descKVTokCacheLookups, prometheus.CounterValue, float64(cs.misses), n, "miss")
+		ch <- prometheus.MustNewConstMetric(descKVTokCacheBytes, prometheus.GaugeValue, float64(cs.Bytes), n)
+		ch <- prometheus.MustNewConstMetric(descKVTokCacheEntries, prometheus.GaugeValue, float64(cs.Entries), n)
+		ch <- prometheus.MustNewConstMetric(descKVTokCacheLookups, prometheus.CounterValue, float64(cs.Hits), n, "hit")
+		ch <- prometheus.MustNewConstMetric(descKVTokCacheLookups, prometheus.CounterValue, float64(cs.Misses), n, "miss")
 		for i, ep := range rt.kv.pool {
 			st := rt.kv.ingest[i].State()
 			conn := 0.0

@@ -54,9 +54,10 @@ type Config struct {
 	// beyond it); default 1,048,576 (about 64 MiB per endpoint at the
 	// index's ≤ 64 bytes per block).
 	KVMaxBlocks int
-	// KVTokenCacheBytes bounds each KV-exact rule's token cache (the
-	// tokenized segments of recent prompts, or for kvTokenizer "engine"
-	// the /tokenize answers), in bytes; default DefaultKVTokenCacheBytes.
+	// KVTokenCacheBytes is the arena of each KV-exact rule's token cache
+	// (the tokenized segments of recent prompts, or for kvTokenizer
+	// "engine" the /tokenize answers), in bytes, outside the Go heap;
+	// default DefaultKVTokenCacheBytes.
 	KVTokenCacheBytes int
 	// ReleaseIdleBuffers gives a keep-alive client connection's read and
 	// write buffers back to a shared pool while it waits for its next

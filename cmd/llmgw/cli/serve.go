@@ -105,7 +105,7 @@ load. BENCHMARKS.md measures both.`,
 	f.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the bearer token required for mutating admin calls")
 	f.IntVar(&opts.MaxBodyBytes, "max-body-bytes", 8<<20, "largest accepted request body; larger bodies get 413")
 	f.IntVar(&opts.KVMaxBlocks, "kv-max-blocks", 1<<20, "KV-exact inventory cap per endpoint, in blocks (least recently stored blocks are dropped beyond it)")
-	f.IntVar(&opts.KVTokenCache, "kv-token-cache-bytes", gateway.DefaultKVTokenCacheBytes, "memory each KV-exact rule's token cache may hold (tokenized prompt segments, or /tokenize answers for kvTokenizer engine), in bytes")
+	f.IntVar(&opts.KVTokenCache, "kv-token-cache-bytes", gateway.DefaultKVTokenCacheBytes, "memory each KV-exact rule's token cache takes once full, in bytes: an arena outside the Go heap holding tokenized prompt segments (or /tokenize answers for kvTokenizer engine); a segment asked for again stays, others go oldest first")
 	f.DurationVar(&opts.WriteTimeout, "write-timeout", gateway.DefaultWriteTimeout, "longest a response write to a client may block; a streaming client that stops reading is cut off and its worker request cancelled after it")
 	f.Int64Var(&opts.BufferBudget, "buffer-budget-bytes", gateway.DefaultBufferBudget, "memory all buffered response bodies together may hold; beyond it answers stream through, or get 503 when they cannot")
 	f.BoolVar(&opts.ReleaseIdle, "release-idle-buffers", false, "give an idle keep-alive client connection's read and write buffers back until its next request: about 10 KB of memory per idle connection instead of about 22 KB, for about two more system calls per request (the first byte of each request is read alone)")
