@@ -311,6 +311,10 @@ type Report struct {
 	// Paired compares each llmgw target with every other target round by
 	// round (when the run had at least two rounds; see PairedRatio).
 	Paired []PairedRatio `json:"paired,omitempty"`
+	// AddedByRound compares each target's latency with direct's round by
+	// round (when direct was measured in at least two rounds; see
+	// AddedByRound).
+	AddedByRound []AddedByRound `json:"added_by_round,omitempty"`
 }
 
 // Result returns target's result, or nil.
@@ -472,9 +476,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if t.pgid != 0 {
 				before, _ = readGroupUsage(t.pgid)
 			}
-			ok0, wall0 := a.ok, a.wall
+			ok0, wall0, lat0 := a.ok, a.wall, len(a.lat)
 			load(ctx, cfg, t.addr, body, a, d, cfg.MaxRequests-a.ok-a.errs)
-			a.turns = append(a.turns, turn{ok: a.ok - ok0, wall: a.wall - wall0})
+			// The slice's own quantiles (Summarize sorts the slice's
+			// part of a.lat in place, which the run's summary does not
+			// mind).
+			q := loadgen.Summarize(a.lat[lat0:])
+			a.turns = append(a.turns, turn{ok: a.ok - ok0, wall: a.wall - wall0, p50: q.P50, p99: q.P99})
 			if t.pgid != 0 {
 				// Read after the slice's last answer: the CPU its
 				// requests cost, nothing from the other targets' turns.
@@ -511,6 +519,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		names[i], turns[i], skipped[i] = t.name, accs[i].turns, t.skipped != ""
 	}
 	rep.Paired = pairedRatios(names, turns, skipped, slice)
+	rep.AddedByRound = addedByRound(names, turns, skipped, slice)
 	if d := rep.Result(Direct); d != nil {
 		for i := range rep.Results {
 			r := &rep.Results[i]

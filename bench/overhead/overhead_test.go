@@ -261,8 +261,13 @@ func TestMarkdownGolden(t *testing.T) {
 		{A: LLMGW, B: Direct, Turns: 6, Median: 0.975, Low: 0.9706, High: 0.9880},
 		{A: LLMGW, B: Nginx, Turns: 5, Median: 1.0313},
 	}
+	rep.AddedByRound = []AddedByRound{
+		{Target: LLMGW, Turns: 6, P50: MedianCI{Median: 31 * time.Microsecond, Low: 28 * time.Microsecond, High: 35 * time.Microsecond},
+			P99: MedianCI{Median: 380 * time.Microsecond, Low: 250 * time.Microsecond, High: 2100 * time.Microsecond}},
+		{Target: Nginx, Turns: 5, P50: MedianCI{Median: 72 * time.Microsecond}, P99: MedianCI{Median: 11 * time.Millisecond}},
+	}
 	stream := *rep
-	stream.Paired = nil
+	stream.Paired, stream.AddedByRound = nil, nil
 	stream.Mode, stream.Concurrency, stream.Stream, stream.DecodePerToken = ClosedLoop, 8, true, 100*time.Microsecond
 	stream.Results = []TargetResult{
 		{Target: Direct, Requests: 500, Throughput: 400, Latency: lat(3*time.Millisecond, 4*time.Millisecond), Chunks: lat(1500*time.Microsecond, 3*time.Millisecond)},

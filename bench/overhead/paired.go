@@ -7,10 +7,12 @@ import (
 )
 
 // turn is one target's share of one round: the requests it completed in
-// its slice and the slice's measured length.
+// its slice, the slice's measured length, and the latency quantiles of
+// the slice's requests.
 type turn struct {
-	ok   int
-	wall time.Duration
+	ok       int
+	wall     time.Duration
+	p50, p99 time.Duration
 }
 
 // PairedRatio compares two targets round by round. Targets take turns in
@@ -111,4 +113,67 @@ func pairedRatios(names []string, turns [][]turn, skipped []bool, slice time.Dur
 		}
 	}
 	return out
+}
+
+// AddedByRound is a target's latency over direct's, round by round: in
+// every round where both ran at least half a slice and completed at least
+// minTurnSamples requests, the target's p50 (and p99) less direct's in the
+// same round; the median of those differences with its interval. A pause
+// of the machine that lands in one slice moves a whole run's p99, but
+// only one round's difference.
+type AddedByRound struct {
+	Target string `json:"target"`
+	// Turns is the number of rounds compared.
+	Turns int      `json:"turns"`
+	P50   MedianCI `json:"p50"`
+	P99   MedianCI `json:"p99"`
+}
+
+// MedianCI is a median with a distribution-free interval of at least 95%
+// coverage; Low and High are 0 below minTurnsForCI samples.
+type MedianCI struct {
+	Median time.Duration `json:"median_ns"`
+	Low    time.Duration `json:"low_ns,omitempty"`
+	High   time.Duration `json:"high_ns,omitempty"`
+}
+
+// minTurnSamples is the fewest requests a turn needs for its p99 to be a
+// quantile rather than its maximum (nearest rank: 99 of 100).
+const minTurnSamples = 100
+
+// addedByRound compares every measured target but direct with direct,
+// round by round (nothing when direct was not measured).
+func addedByRound(names []string, turns [][]turn, skipped []bool, slice time.Duration) []AddedByRound {
+	d := slices.Index(names, Direct)
+	if d < 0 || skipped[d] {
+		return nil
+	}
+	var out []AddedByRound
+	for i, name := range names {
+		if i == d || skipped[i] {
+			continue
+		}
+		var p50, p99 []float64
+		for r := 0; r < len(turns[i]) && r < len(turns[d]); r++ {
+			x, y := turns[i][r], turns[d][r]
+			if x.wall < slice/2 || y.wall < slice/2 || x.ok < minTurnSamples || y.ok < minTurnSamples {
+				continue
+			}
+			p50 = append(p50, float64(x.p50-y.p50))
+			p99 = append(p99, float64(x.p99-y.p99))
+		}
+		if len(p50) < 2 {
+			continue
+		}
+		a := AddedByRound{Target: name, Turns: len(p50)}
+		a.P50 = durationCI(p50)
+		a.P99 = durationCI(p99)
+		out = append(out, a)
+	}
+	return out
+}
+
+func durationCI(v []float64) MedianCI {
+	med, lo, hi, _ := medianCI(v)
+	return MedianCI{Median: time.Duration(med), Low: time.Duration(lo), High: time.Duration(hi)}
 }

@@ -81,8 +81,8 @@ func TestMedianCICoverage(t *testing.T) {
 // is left out.
 func TestPairTurns(t *testing.T) {
 	s := time.Second
-	a := []turn{{100, s}, {300, 2 * s}, {50, s / 10}, {90, s}, {10, s}}
-	b := []turn{{50, s}, {100, s}, {100, s}, {0, s}, {20, s}}
+	a := []turn{{ok: 100, wall: s}, {ok: 300, wall: 2 * s}, {ok: 50, wall: s / 10}, {ok: 90, wall: s}, {ok: 10, wall: s}}
+	b := []turn{{ok: 50, wall: s}, {ok: 100, wall: s}, {ok: 100, wall: s}, {ok: 0, wall: s}, {ok: 20, wall: s}}
 	got := pairTurns(a, b, s/2)
 	want := []float64{2, 1.5, 0.5}
 	if len(got) != len(want) {
@@ -110,5 +110,39 @@ func TestPairTurns(t *testing.T) {
 	}
 	if got, want := strings.Join(names, " "), "llmgw/direct llmgw/llmgw-embedded llmgw-embedded/direct"; got != want {
 		t.Fatalf("pairs %q; want %q", got, want)
+	}
+}
+
+// TestAddedByRound: each target's quantiles less direct's in the same
+// round, over the rounds where both ran half a slice and completed enough
+// requests for a p99; one round's pause moves the median little.
+func TestAddedByRound(t *testing.T) {
+	s, us := time.Second, time.Microsecond
+	direct := make([]turn, 8)
+	gw := make([]turn, 8)
+	for i := range direct {
+		direct[i] = turn{ok: 10000, wall: s, p50: 80 * us, p99: 600 * us}
+		gw[i] = turn{ok: 10000, wall: s, p50: time.Duration(150+i) * us, p99: time.Duration(900+10*i) * us}
+	}
+	gw[3].p99 = 9 * time.Millisecond // one slice with a pause
+	gw[5].wall = s / 4               // cut short: not compared
+	direct[6].ok = 50                // too few for a p99: not compared
+	short := []turn{{ok: 10000, wall: s, p50: 90 * us, p99: 700 * us}}
+	got := addedByRound([]string{Nginx, Direct, LLMGW, HAProxy}, [][]turn{short, direct, gw, gw}, []bool{false, false, false, true}, s)
+	if len(got) != 1 || got[0].Target != LLMGW || got[0].Turns != 6 {
+		t.Fatalf("addedByRound = %+v; want llmgw over 6 rounds (nginx has one round, haproxy was skipped)", got)
+	}
+	// p99 differences over rounds 0,1,2,3,4,7: 300, 310, 320, 8400, 340, 370 µs.
+	if want := 330 * us; got[0].P99.Median != want {
+		t.Errorf("p99 median %v; want %v", got[0].P99.Median, want)
+	}
+	if got[0].P99.Low != 300*us || got[0].P99.High != 8400*us {
+		t.Errorf("p99 interval [%v, %v]; want the extremes of 6 rounds", got[0].P99.Low, got[0].P99.High)
+	}
+	if want := 72500 * time.Nanosecond; got[0].P50.Median != want {
+		t.Errorf("p50 median %v; want %v", got[0].P50.Median, want)
+	}
+	if addedByRound([]string{LLMGW, Nginx}, [][]turn{gw, gw}, []bool{false, false}, s) != nil {
+		t.Error("compared without a direct target")
 	}
 }

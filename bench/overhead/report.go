@@ -119,6 +119,13 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 		}
 		fmt.Fprintf(&b, "\nThroughput round by round (each round's slices compared; the interval is the median's, distribution-free): %s.\n", strings.Join(ps, "; "))
 	}
+	if len(r.AddedByRound) > 0 {
+		var ps []string
+		for _, a := range r.AddedByRound {
+			ps = append(ps, fmt.Sprintf("%s p50 %s, p99 %s over %d rounds", a.Target, fmtCI(a.P50, a.Turns), fmtCI(a.P99, a.Turns), a.Turns))
+		}
+		fmt.Fprintf(&b, "\nAdded latency round by round (each round's quantile less direct's in the same round; the median over the rounds, its interval distribution-free, none below %d rounds): %s.\n", minTurnsForCI, strings.Join(ps, "; "))
+	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return fmt.Errorf("overhead: write markdown: %w", err)
 	}
@@ -151,6 +158,14 @@ func fmtDur(d time.Duration) string {
 		return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
 	}
 	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+// fmtCI writes a median and, over enough rounds, its interval.
+func fmtCI(m MedianCI, turns int) string {
+	if turns < minTurnsForCI {
+		return fmtDur(m.Median)
+	}
+	return fmt.Sprintf("%s [%s – %s]", fmtDur(m.Median), fmtDur(m.Low), fmtDur(m.High))
 }
 
 // intList writes CPUs as "0,1,3".

@@ -107,7 +107,11 @@ per slice and compares llmgw with every other target round by round (the
 two turns of a round run under nearly the same machine state): the median
 of the rounds' ratios and, from six rounds, a distribution-free 95%
 confidence interval for it, which tells a real difference from the run's
-own variation (--duration 20s --slice 1s gives 20 rounds). Every target is probed
+own variation (--duration 20s --slice 1s gives 20 rounds). It also gives
+every target's added p50 and p99 round by round: each round's quantile less
+direct's in the same round (rounds of 100 requests or more), their median
+and interval, which one pause of the machine cannot move the way it moves a
+whole run's p99. Every target is probed
 with one request before any load is sent; an unreachable one ends the run.`,
 		Example: `  llmgw bench overhead --backend fixed --pin-targets 0 --pin-load 1 --concurrency 32
   llmgw bench overhead --mode open --rps 5000 --duration 10s
