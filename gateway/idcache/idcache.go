@@ -154,7 +154,8 @@ func (c *Cache) ids(off uint64, n, k int) []uint32 {
 }
 
 // Put caches a copy of ids for text, evicting the oldest entries as
-// needed; an entry that does not Fit is not cached.
+// needed; an entry that does not Fit is not cached and leaves the cache as
+// it was (for a tokenizer, a text's ids never change).
 func (c *Cache) Put(text string, ids []uint32) {
 	if !c.Fits(len(text), len(ids)) {
 		return
