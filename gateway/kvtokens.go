@@ -384,7 +384,7 @@ func (c *tokenCache) encodeUntil(dst []uint32, text string, tok tokenizer.Tokeni
 			var n int
 			dst, n, entire = ue.EncodeUntilEnough(dst, seg, more, func(r int) bool { return enough != nil && enough(r) })
 			if entire {
-				c.store(seg, dst[start:])
+				c.Put(seg, dst[start:])
 				continue
 			}
 			stopped = true
@@ -414,12 +414,9 @@ func (c *tokenCache) segment(dst []uint32, seg string, tok tokenizer.Tokenizer) 
 	}
 	start := len(dst)
 	dst = tok.Encode(dst, seg)
-	c.store(seg, dst[start:])
+	c.Put(seg, dst[start:])
 	return dst
 }
-
-// store caches seg's ids (the cache copies both into its arena).
-func (c *tokenCache) store(seg string, encoded []uint32) { c.Put(seg, encoded) }
 
 // engineTokenizer asks a worker's tokenize endpoint in vLLM's form
 // ({"messages"} or {"prompt"}; admission accepts "engine" only for an engine

@@ -8,7 +8,7 @@
 // its entries. An arena mapped from the kernel (on Unix; elsewhere a byte
 // slice, which the collector does not scan either) costs its size once and
 // nothing per collection. The index (a map of 64-bit hashes to arena
-// positions, about 40 bytes per entry) stays on the heap.
+// positions, 20 to 40 bytes per entry as the map grows) stays on the heap.
 //
 // Why not github.com/VictoriaMetrics/fastcache, which also keeps its data
 // off the heap: it takes memory in 32 MiB steps (512 buckets of 64 KiB
