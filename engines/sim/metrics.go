@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/llmgw/llmgw/engines"
+	"github.com/llmgw/llmgw/engines/vllm"
 )
 
 // ttftBuckets are vLLM's time_to_first_token_seconds bucket bounds.
@@ -132,6 +133,13 @@ func (s *Sim) collectMetrics(ch chan<- prometheus.Metric) {
 		e.counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", 0)
 		e.requestSuccess("vllm:request_success_total", m)
 		e.ttft("vllm:time_to_first_token_seconds", m)
+		// The cache configuration, one sample per engine (DP rank), as
+		// vLLM publishes it from start-up: a fresh worker tells its block
+		// size and hash algorithm before any request.
+		for i := range s.ranks {
+			d := prometheus.NewDesc(vllm.CacheConfigInfo, vllm.CacheConfigInfoHelp, nil, vllm.CacheConfigLabels(s.cfg.BlockSize, s.cfg.CacheBlocks, s.cfg.HashAlgo, i))
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, 1)
+		}
 	case engines.SGLang:
 		// SGLang's scheduler gauges and tokenizer counters
 		// (python/sglang/srt/metrics/collector.py).

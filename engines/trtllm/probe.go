@@ -12,9 +12,16 @@ import (
 // /server_info: tokens_per_block, kv_cache_hash_algo and the disaggregated
 // role. Source: the reference gateway requires exactly these fields there
 // (kv_cache_hash_algo "v1_block_key" and a tokens_per_block equal to
-// kvBlockSize, re-checked every 60 s; runbooks reference §1.4). Whether
-// every trtllm-serve build serves /server_info could not be established
-// from the public source read; when it answers 404 the facts stay unknown.
+// kvBlockSize, re-checked every 60 s; runbooks reference §1.4). The public
+// trtllm-serve source does not serve them: in NVIDIA/TensorRT-LLM
+// tensorrt_llm/serve/openai_server.py (revision
+// 00057725d9a6591f033e44f31c219e2426827bb7) GET /server_info answers only
+// {"disaggregated_params": ...}, /metrics is the drained iteration-stats
+// array, and no read-only surface names tokens_per_block or the hash
+// algorithm. Against such a build the block size and hash stay unknown
+// until published events tell them (and the role must be declared with
+// --endpoints host:port=context). The simulator answers the reference's
+// fields.
 func (*Adapter) OwnedBy() string { return "tensorrt_llm" }
 
 func (*Adapter) DescribePaths() []string { return []string{"/server_info"} }

@@ -22,6 +22,52 @@ import (
 // prefix_caching_hash_algo.
 func (*Adapter) OwnedBy() string { return "vllm" }
 
+// The cache configuration info gauge. Every CacheConfig field is a label,
+// its value Python's str() of the field ("True", "None", "16"), plus
+// "engine" (the engine index); the value is 1. Source: vLLM
+// vllm/config/cache.py CacheConfig.metrics_info ({key: str(value) for key,
+// value in self.__dict__.items()}, revision
+// 002f10e0cfa1373a19a0d2756598a34b700d20e5) and vllm/v1/metrics/loggers.py
+// PrometheusStatLogger.log_metrics_info (name, documentation and the
+// "engine" label). It is published at start-up, before any request.
+const (
+	CacheConfigInfo     = "vllm:cache_config_info"
+	CacheConfigInfoHelp = "Information of the LLMEngine CacheConfig"
+	LabelBlockSize      = "block_size"
+	LabelHashAlgo       = "prefix_caching_hash_algo"
+	LabelNumGPUBlocks   = "num_gpu_blocks"
+)
+
+// CacheConfigLabels are the labels of one engine's vllm:cache_config_info
+// sample for a cache of numGPUBlocks blocks of blockSize tokens hashed with
+// hashAlgo: the CacheConfig fields of the cited revision that do not depend
+// on a GPU or a hybrid (Mamba) model, valued as vLLM does by default. The
+// simulator publishes exactly these.
+func CacheConfigLabels(blockSize, numGPUBlocks int, hashAlgo string, engineIndex int) map[string]string {
+	return map[string]string{
+		LabelBlockSize:                    strconv.Itoa(blockSize),
+		"user_specified_block_size":       "True",
+		"gpu_memory_utilization":          "0.92",
+		"cache_dtype":                     "auto",
+		"is_attention_free":               "False",
+		"num_gpu_blocks_override":         "None",
+		"sliding_window":                  "None",
+		"enable_prefix_caching":           "True",
+		LabelHashAlgo:                     hashAlgo,
+		"prefix_cache_retention_interval": "0",
+		"kv_cache_dtype_skip_layers":      "[]",
+		"mamba_block_size":                "None",
+		"mamba_cache_mode":                "none",
+		LabelNumGPUBlocks:                 strconv.Itoa(numGPUBlocks),
+		"num_cpu_blocks":                  "None",
+		"kv_sharing_fast_prefill":         "False",
+		"kv_cache_memory_bytes":           "None",
+		"kv_offloading_size":              "None",
+		"kv_offloading_backend":           "native",
+		"engine":                          strconv.Itoa(engineIndex),
+	}
+}
+
 func (*Adapter) DescribePaths() []string { return []string{"/v1/models", "/metrics"} }
 
 func (*Adapter) Describe(path string, body []byte, d *engines.Description) error {
@@ -50,17 +96,17 @@ func (*Adapter) Describe(path string, body []byte, d *engines.Description) error
 		if !bytes.Contains(body, []byte("vllm:")) {
 			return errors.New("vllm: /metrics has no vllm: series")
 		}
-		labels, ok := infoLabels(body, "vllm:cache_config_info")
+		labels, ok := infoLabels(body, CacheConfigInfo)
 		if !ok {
 			return nil // older vLLM, or a build without the info gauge
 		}
-		if n, err := strconv.Atoi(labels["block_size"]); err == nil && n > 0 {
+		if n, err := strconv.Atoi(labels[LabelBlockSize]); err == nil && n > 0 {
 			d.BlockSize = n
-			d.Said("block_size", "GET /metrics vllm:cache_config_info{block_size}")
+			d.Said("block_size", "GET /metrics "+CacheConfigInfo+"{"+LabelBlockSize+"}")
 		}
-		if a := labels["prefix_caching_hash_algo"]; a != "" {
+		if a := labels[LabelHashAlgo]; a != "" {
 			d.HashAlgo = a
-			d.Said("hash_algo", "GET /metrics vllm:cache_config_info{prefix_caching_hash_algo}")
+			d.Said("hash_algo", "GET /metrics "+CacheConfigInfo+"{"+LabelHashAlgo+"}")
 		}
 		return nil
 	}

@@ -192,3 +192,39 @@ func TestPlanSGLangPDQualify(t *testing.T) {
 		t.Fatalf("runbook pd --plan: exit %d\n%s\n%s", code, out, errOut)
 	}
 }
+
+// startFreshSims starts receipt-less simulators and sends them nothing: a
+// freshly started pool that has published no KV event yet.
+func startFreshSims(t *testing.T, cfgs ...sim.Config) []sim.Addrs {
+	t.Helper()
+	var out []sim.Addrs
+	for _, c := range cfgs {
+		c.Silent = true
+		s, err := sim.Start(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		out = append(out, s.Addrs())
+	}
+	return out
+}
+
+// Two fresh vLLM workers with block sizes 16 and 32 and no traffic: the
+// block sizes come from vllm:cache_config_info, so the pool is
+// inconsistent (exit 3) and the answer names the endpoint and its size, in
+// every output format.
+func TestPlanFreshVLLMBlockSizesDiffer(t *testing.T) {
+	a := startFreshSims(t, sim.Config{Engine: engines.VLLM, BlockSize: 16}, sim.Config{Engine: engines.VLLM, BlockSize: 32})
+	want := "block_size (" + a[1].HTTP + " says 32, the pool 16)"
+	for _, o := range []string{"table", "json", "yaml"} {
+		t.Run(o, func(t *testing.T) {
+			ios, out, errOut := TestIO()
+			code := Main(context.Background(), []string{"plan", "--endpoints", a[0].HTTP + "," + a[1].HTTP, "--events", a[0].Events + "," + a[1].Events,
+				"--replay", a[0].Replay + "," + a[1].Replay, "--timeout", "300ms", "-o", o}, ios)
+			if code != ExitFail || !strings.Contains(errOut.String(), want) {
+				t.Errorf("exit %d; want 3 with %q\nstdout:\n%s\nstderr:\n%s", code, want, out, errOut)
+			}
+		})
+	}
+}
