@@ -27,6 +27,12 @@ type Evidence struct {
 	// CacheReportFlag is the launch flag that makes answers report cached
 	// prompt tokens ("" when always reported, or not established).
 	CacheReportFlag string
+	// CacheCounter is a Prometheus counter, served at Surfaces().Metrics,
+	// that rises by the prompt tokens an engine served from its prefix
+	// cache: where an answer the gateway relays does not carry them (a P/D
+	// prefill leg), its rise proves cache reuse. "" when the engine exports
+	// none.
+	CacheCounter string
 }
 
 // EvidenceReader is implemented by the adapters that state their Evidence

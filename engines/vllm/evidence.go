@@ -6,9 +6,12 @@ import "github.com/llmgw/llmgw/engines"
 // (vllm/v1/metrics/loggers.py); /metrics is always served.
 // CacheReportFlag is the launch flag after which answers carry
 // usage.prompt_tokens_details.cached_tokens (seen in public launch scripts
-// and docs, not pinned to an engine source commit).
+// and docs, not pinned to an engine source commit). CacheCounter:
+// vllm:prefix_cache_hits_total, "Prefix cache hits, in terms of number of
+// cached tokens" (counter_prefix_cache_hits in vllm/v1/metrics/loggers.py).
 func (*Adapter) Evidence() engines.Evidence {
-	return engines.Evidence{WorkCounter: "vllm:request_success_total", CacheReportFlag: "--enable-prompt-tokens-details"}
+	return engines.Evidence{WorkCounter: "vllm:request_success_total", CacheReportFlag: "--enable-prompt-tokens-details",
+		CacheCounter: "vllm:prefix_cache_hits_total"}
 }
 
 // CachedTokens: usage.prompt_tokens_details.cached_tokens, which vLLM fills

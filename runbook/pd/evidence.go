@@ -320,7 +320,9 @@ func (s *state) handOffWitnessed(context.Context, *runbook.Run) runbook.Outcome 
 // prefill the gateway names in X-Llmgw-Route is the one whose evidence
 // shows the request, and the decode is the one it names. In kvExactMode 1
 // the follow-ups must be kv-exact hits on the warmed prefill; cache reuse
-// is not visible in the decode's relayed answer, so that lane is BLOCKED.
+// is not visible in the decode's relayed answer, so it is shown by the
+// warmed prefill's cache counter (engines.Evidence.CacheCounter) where the
+// engine exports one, else that lane is BLOCKED.
 func (s *state) routingWitnessed(ctx context.Context, r *runbook.Run) runbook.Outcome {
 	out := runbook.Outcome{}.For(runbook.LaneRoutingEvidence)
 	if b, blocked := s.wit.Blocked(); blocked {
@@ -378,6 +380,16 @@ func (s *state) routingWitnessed(ctx context.Context, r *runbook.Run) runbook.Ou
 	if err != nil {
 		return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_NO_INVENTORY", fmt.Errorf("the warmed prefill's KV events never reached the gateway: %s: %w", why, err)), out.With("requests.json", labkit.MustJSON(rs)))
 	}
+	// Where the engine counts the tokens its prefix cache served, the
+	// warmed prefill's counter is read around the follow-ups: its rise is
+	// the cache reuse the relayed decode answer does not show.
+	cacheURL, cacheCounter := s.cacheCounterOf(w)
+	var cacheBefore float64
+	if cacheCounter != "" {
+		if cacheBefore, err = labkit.ReadCounter(ctx, s.client, cacheURL, cacheCounter); err != nil {
+			cacheCounter = ""
+		}
+	}
 	for i := 1; i <= 3; i++ {
 		if err := send(fmt.Sprintf("%s-exact-follow-%d", r.ID, i), prefix+fmt.Sprintf(" Follow-up question %d?", i)); err != nil {
 			return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
@@ -392,6 +404,33 @@ func (s *state) routingWitnessed(ctx context.Context, r *runbook.Run) runbook.Ou
 			return labkit.WithEvidence(runbook.Fail("ROUTING_NO_KV_HIT", "follow-up %s routed by %q, want a kv-exact hit on the prefill", x.RID, x.Route), out)
 		}
 	}
+	if cacheCounter != "" {
+		after, err := labkit.ReadCounter(ctx, s.client, cacheURL, cacheCounter)
+		switch {
+		case err != nil:
+			return labkit.WithEvidence(labkit.FailErr(ctx, "CACHE_COUNTER_UNREADABLE", err), out)
+		case after <= cacheBefore:
+			return labkit.WithEvidence(runbook.Fail("CACHE_NOT_REUSED", "kvExactMode 1: 3 same-prefix follow-ups picked the warmed prefill %s by a kv-exact hit, but its %s stayed at %g", w, cacheCounter, after), out)
+		}
+		return labkit.WithEvidence(runbook.Pass("kvExactMode 1: 3 same-prefix follow-ups picked the warmed prefill %s by a kv-exact hit (by %s); its %s rose %g → %g", w, s.wit.Source(), cacheCounter, cacheBefore, after), out).
+			From(runbook.LaneRoutingEvidence, s.wit.Source()).From(runbook.LaneCacheReuse, labkit.SourceMetrics+" "+cacheCounter)
+	}
 	return labkit.WithEvidence(runbook.Blocked("engine_cache_unreported", "kvExactMode 1: 3 same-prefix follow-ups picked the warmed prefill %s by a kv-exact hit (by %s), but the prefill leg's cached tokens are not in the decode answer the gateway relays, so cache reuse cannot be shown without a receipt log", w, s.wit.Source()), out).
 		From(runbook.LaneRoutingEvidence, s.wit.Source()).From(runbook.LaneCacheReuse, "none")
+}
+
+// cacheCounterOf is the metrics URL and cache counter of worker id, where
+// its engine exports one ("" counter otherwise).
+func (s *state) cacheCounterOf(id string) (url, counter string) {
+	a := engines.MustFor(engines.Kind(s.o.Engine))
+	e, ok := engines.EvidenceOf(a)
+	if !ok || e.Evidence().CacheCounter == "" || a.Surfaces().Metrics == "" {
+		return "", ""
+	}
+	for _, w := range s.workers {
+		if w.ID == id {
+			return "http://" + w.HTTP + a.Surfaces().Metrics, e.Evidence().CacheCounter
+		}
+	}
+	return "", ""
 }

@@ -141,6 +141,10 @@ type Attach struct {
 	// Prefill endpoint, in order (each SGLang prefill may be started with
 	// its own --disaggregation-bootstrap-port); they win over BootstrapPort.
 	BootstrapPorts []int
+	// Events, when set, are the prefills' KV event PUB endpoints
+	// (tcp://host:port), one per Prefill endpoint in order: a real engine,
+	// or a simulator without its /_sim/addrs, does not report them.
+	Events []string
 	// Simulator says the workers are llmgw simulators.
 	Simulator bool
 }
@@ -168,6 +172,9 @@ func (a *Attach) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill,
 	if len(a.BootstrapPorts) > 0 && len(a.BootstrapPorts) != len(a.Prefill) {
 		return nil, fmt.Errorf("pd: attach: %d bootstrap ports given for %d prefill endpoints", len(a.BootstrapPorts), len(a.Prefill))
 	}
+	if len(a.Events) > 0 && len(a.Events) != len(a.Prefill) {
+		return nil, fmt.Errorf("pd: attach: %d KV event endpoints given for %d prefill endpoints", len(a.Events), len(a.Prefill))
+	}
 	var out []Worker
 	for _, g := range []struct {
 		role, prefix string
@@ -176,7 +183,11 @@ func (a *Attach) LaunchPD(ctx context.Context, spec runbook.LaunchSpec, prefill,
 		for i, ep := range g.eps {
 			w := Worker{Worker: runbook.Worker{ID: fmt.Sprintf("%s%d", g.prefix, i+1), HTTP: ep, HealthPath: healthPath(spec), Owner: "attach"}, Role: g.role}
 			sa, isSim := simAddrs(ctx, ep)
-			if isSim && spec.KVEvents && g.role == RolePrefill {
+			switch {
+			case !spec.KVEvents || g.role != RolePrefill:
+			case len(a.Events) > 0:
+				w.Events = a.Events[i]
+			case isSim:
 				w.Events, w.Replay = sa.Events, sa.Replay
 			}
 			if g.role == RolePrefill && defaultBoot != 0 {

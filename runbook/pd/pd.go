@@ -18,8 +18,10 @@
 //     its receipt log, else the engine-native counters its adapter names;
 //     without a receipt log steps 6 and 9 attribute each leg to the worker
 //     whose engine counter shows it, step 7 (which reads the legs' bodies)
-//     is SKIPPED with the reason, and KV-exact cache reuse is BLOCKED
-//     engine_cache_unreported
+//     is SKIPPED with the reason, and KV-exact cache reuse is shown by the
+//     warmed prefill's cache counter (sglang:cached_tokens_total,
+//     vllm:prefix_cache_hits_total), BLOCKED engine_cache_unreported where
+//     the engine exports none (TensorRT-LLM)
 //  4. apply rule        pd_disagg_mode, ep_role 1/2, each SGLang prefill's
 //     bootstrapPort, kvExactMode 1 with the prefills' event streams
 //  5. read back         the effective rule equals the applied one; every

@@ -321,20 +321,25 @@ func observe(ctx context.Context, o *Options, t Target) *Observation {
 
 	ob.adapter = fingerprint(ctx, o, ob)
 	if ob.adapter == nil {
+		// The engine is not known, but its health is still a fact: the
+		// health surfaces of the engines it might be are asked.
+		var paths []string
+		for _, a := range candidatesOf(o) {
+			if h := a.Surfaces().Health; h != "" && !contains(paths, h) {
+				paths = append(paths, h)
+			}
+		}
+		for _, h := range paths {
+			if probeHealth(ctx, o, ob, h) {
+				break
+			}
+		}
 		return ob
 	}
 	ob.Engine = ob.adapter.Kind()
 	ob.describer, _ = ob.adapter.(engines.Describer)
 	s := ob.adapter.Surfaces()
-
-	status, _, err = get(ctx, o, http.MethodGet, t.Addr, s.Health, nil)
-	switch {
-	case err != nil:
-		ob.Health = fmt.Sprintf("GET %s: %v", s.Health, err)
-	default:
-		ob.Health = fmt.Sprintf("GET %s: %d", s.Health, status)
-		ob.Healthy = status == http.StatusOK
-	}
+	probeHealth(ctx, o, ob, s.Health)
 
 	if ob.describer != nil {
 		for _, p := range ob.describer.DescribePaths() {
@@ -367,6 +372,26 @@ func observe(ctx context.Context, o *Options, t Target) *Observation {
 	return ob
 }
 
+// probeHealth asks GET path and records the answer; it reports whether the
+// endpoint answered 200.
+func probeHealth(ctx context.Context, o *Options, ob *Observation, path string) bool {
+	status, _, err := get(ctx, o, http.MethodGet, ob.Addr, path, nil)
+	if err != nil {
+		ob.Health = fmt.Sprintf("GET %s: %v", path, err)
+		return false
+	}
+	ob.Health = fmt.Sprintf("GET %s: %d", path, status)
+	ob.Healthy = status == http.StatusOK
+	return ob.Healthy
+}
+
+func candidatesOf(o *Options) []engines.Adapter {
+	if o.Engine != "" {
+		return []engines.Adapter{engines.MustFor(o.Engine)}
+	}
+	return engines.Registered()
+}
+
 func answerText(status int, err error) string {
 	if err != nil {
 		return err.Error()
@@ -397,10 +422,7 @@ func hashTokens(ids []uint32) string {
 // owned_by the model list carries, confirmed by its version surface; with
 // opts.Engine, that adapter is checked instead of searched for.
 func fingerprint(ctx context.Context, o *Options, ob *Observation) engines.Adapter {
-	candidates := engines.Registered()
-	if o.Engine != "" {
-		candidates = []engines.Adapter{engines.MustFor(o.Engine)}
-	}
+	candidates := candidatesOf(o)
 	var owned []engines.Adapter
 	for _, a := range candidates {
 		if d, ok := a.(engines.Describer); ok && ob.OwnedBy != "" && d.OwnedBy() == ob.OwnedBy {

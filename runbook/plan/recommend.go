@@ -316,8 +316,60 @@ func kvExact(r *rule.Rule, o *Options, p *Plan, mode int) *rule.Rule {
 	return r
 }
 
+// PrefillBootstrapPorts are the bootstrap ports the prefills reported, one
+// per Prefill entry in order; nil when any prefill reported none.
+func (p *Plan) PrefillBootstrapPorts() []int {
+	by := map[string]int{}
+	for _, ob := range p.Endpoints {
+		by[ob.Addr] = ob.Desc.BootstrapPort
+	}
+	var out []int
+	for _, a := range p.Prefill {
+		if by[a] <= 0 {
+			return nil
+		}
+		out = append(out, by[a])
+	}
+	return out
+}
+
+// EventsOf are the ZeroMQ KV event endpoints the plan found for addrs, in
+// order; nil when any of them has none (it publishes no ZeroMQ events).
+func (p *Plan) EventsOf(addrs []string) []string {
+	by := map[string]string{}
+	for _, ob := range p.Endpoints {
+		if ob.Events.Transport == "zmq" {
+			by[ob.Addr] = ob.Events.Endpoint
+		}
+	}
+	var out []string
+	for _, a := range addrs {
+		if by[a] == "" {
+			return nil
+		}
+		out = append(out, by[a])
+	}
+	return out
+}
+
+// BootstrapPortFlag is the runbook's --bootstrap-port value: the one port
+// every prefill reported, or one per prefill; "" when they reported none.
+func (p *Plan) BootstrapPortFlag() string {
+	if p.BootstrapPort > 0 {
+		return strconv.Itoa(p.BootstrapPort)
+	}
+	var parts []string
+	for _, n := range p.PrefillBootstrapPorts() {
+		parts = append(parts, strconv.Itoa(n))
+	}
+	return strings.Join(parts, ",")
+}
+
 func convRunbook(o *Options, p *Plan, mode string) string {
 	args := []string{"llmgw", "runbook", "converged", "--launcher", "attach", "--engine", string(p.Engine), "--mode", mode, "--endpoints", strings.Join(p.Converged, ",")}
+	if ev := p.EventsOf(p.Converged); mode == "exact" && ev != nil {
+		args = append(args, "--kv-events", strings.Join(ev, ","))
+	}
 	if o.Profile != "" {
 		args = append(args, "--profile", o.Profile)
 	}
@@ -327,11 +379,16 @@ func convRunbook(o *Options, p *Plan, mode string) string {
 func pdRunbook(o *Options, p *Plan, kvExact bool) string {
 	args := []string{"llmgw", "runbook", "pd", "--launcher", "attach", "--engine", string(p.Engine),
 		"--prefill-endpoints", strings.Join(p.Prefill, ","), "--decode-endpoints", strings.Join(p.Decode, ",")}
-	if p.BootstrapPort > 0 {
-		args = append(args, "--bootstrap-port", strconv.Itoa(p.BootstrapPort))
+	if a := engines.MustFor(p.Engine); a.PD() != nil && a.PD().Shape() == engines.PDConcurrent {
+		if bp := p.BootstrapPortFlag(); bp != "" {
+			args = append(args, "--bootstrap-port", bp)
+		}
 	}
 	if kvExact {
 		args = append(args, "--kv-exact")
+		if ev := p.EventsOf(p.Prefill); ev != nil {
+			args = append(args, "--kv-events", strings.Join(ev, ","))
+		}
 	}
 	if o.Profile != "" {
 		args = append(args, "--profile", o.Profile)

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -9,6 +10,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 )
+
+// ErrNoStage classifies a request for a stage the plan does not have.
+var ErrNoStage = errors.New("plan: no such stage")
 
 // WriteJSON writes the whole plan as indented JSON (what `llmgw runbook
 // --plan` reads back).
@@ -60,7 +64,7 @@ func (p *Plan) WriteYAML(w io.Writer, n int) error {
 		if _, err := io.WriteString(w, b.String()); err != nil {
 			return err
 		}
-		return fmt.Errorf("plan: no stage %d (the plan has %d)", n, len(p.Stages))
+		return fmt.Errorf("%w: no stage %d (the plan has %d)", ErrNoStage, n, len(p.Stages))
 	}
 	js, err := ruleJSON(p.Stages[n-1].Rule)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -69,8 +68,10 @@ Output: -o table (default), -o json (the whole plan; 'llmgw runbook converged
 --stage N, default 1, with the plan as comments: pipe it to
 'llmgw rule apply -f -').
 
-Exit codes: 0 plan made, 3 pool inconsistent, 2 bad flags, 1 no plan (the
-context was cancelled, or -o yaml asked for a stage the plan lacks).`,
+Exit codes, the same for -o table, json and yaml: 0 plan made with at
+least one stage, 3 pool inconsistent, 2 bad flags, 1 no stage to apply (the
+engine is unknown, the pool cannot be staged, --stage names a stage the plan
+lacks) or the context was cancelled.`,
 		Example: `  llmgw plan --endpoints 10.0.0.5:8000,10.0.0.6:8000,10.0.0.7:8000
   llmgw plan --endpoints 127.0.0.1:8001,127.0.0.1:8002 --events tcp://127.0.0.1:5601,tcp://127.0.0.1:5602
   llmgw plan --endpoints 10.0.0.5:8085,10.0.0.6:8085 -o yaml | llmgw rule apply -f -
@@ -185,11 +186,28 @@ func runPlan(cmd *cobra.Command, o *PlanOptions) error {
 	default:
 		err = p.WriteTable(o.IO.Out)
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, plan.ErrNoStage) {
 		return err
 	}
+	return planExit(p, o.Stage, o.Output == "yaml" || cmd.Flags().Changed("stage"))
+}
+
+// planExit is the plan's exit, the same for every output format: 3 when
+// the pool is inconsistent, else 1 when there is no stage to apply (or the
+// asked --stage is missing), else 0.
+func planExit(p *plan.Plan, stage int, stageAsked bool) error {
 	if !p.Consistent {
 		return &ExitCodeError{Code: ExitFail, Err: fmt.Errorf("pool inconsistent: %s", inconsistentFacts(p))}
+	}
+	if len(p.Stages) == 0 {
+		var why []string
+		for _, b := range p.Blocked {
+			why = append(why, b.Capability+": "+b.Reason)
+		}
+		return &ExitCodeError{Code: ExitError, Err: fmt.Errorf("no stage to apply (%s)", strings.Join(why, "; "))}
+	}
+	if stageAsked && (stage < 1 || stage > len(p.Stages)) {
+		return &ExitCodeError{Code: ExitError, Err: fmt.Errorf("no stage %d (the plan has %d)", stage, len(p.Stages))}
 	}
 	return nil
 }
@@ -226,8 +244,8 @@ func readPlanFile(path string) (*plan.Plan, error) {
 }
 
 // applyPlanConverged fills the converged runbook's tuple from a plan:
-// engine, profile, attached endpoints and, unless --mode is given, stage 1's
-// mode. Flags given explicitly win; --launcher must be attach (or unset).
+// engine, profile, attached endpoints, their KV event endpoints and, unless
+// --mode is given, stage 1's mode. Flags given explicitly win; --launcher must be attach (or unset).
 func applyPlanConverged(cmd *cobra.Command, o *RunbookOptions, path string) error {
 	p, err := readPlanFile(path)
 	if err != nil {
@@ -250,12 +268,15 @@ func applyPlanConverged(cmd *cobra.Command, o *RunbookOptions, path string) erro
 	if !f.Changed("mode") {
 		o.Mode = p.Stages[0].RunbookMode
 	}
+	if ev := p.EventsOf(p.Converged); !f.Changed("kv-events") && ev != nil {
+		o.KVEvents = strings.Join(ev, ",")
+	}
 	return nil
 }
 
 // applyPlanPD fills the P/D runbook's tuple from a plan: engine, profile,
-// prefill and decode endpoints and the bootstrap port the prefills
-// reported. --kv-exact stays the operator's choice (stage 2 of the plan).
+// prefill and decode endpoints, the bootstrap ports the prefills reported
+// and their KV event endpoints. --kv-exact stays the operator's choice (stage 2 of the plan).
 func applyPlanPD(cmd *cobra.Command, o *RunbookPDOptions, path string) error {
 	p, err := readPlanFile(path)
 	if err != nil {
@@ -276,8 +297,11 @@ func applyPlanPD(cmd *cobra.Command, o *RunbookPDOptions, path string) error {
 	if !f.Changed("profile") && p.Profile != "" {
 		o.Profile = p.Profile
 	}
-	if !f.Changed("bootstrap-port") && p.BootstrapPort > 0 {
-		o.BootstrapPort = strconv.Itoa(p.BootstrapPort)
+	if !f.Changed("bootstrap-port") {
+		o.BootstrapPort = p.BootstrapPortFlag()
+	}
+	if ev := p.EventsOf(p.Prefill); !f.Changed("kv-events") && ev != nil {
+		o.KVEvents = strings.Join(ev, ",")
 	}
 	return nil
 }

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -168,28 +170,85 @@ func TestRunbookPlanFlagRefusesMismatch(t *testing.T) {
 	}
 }
 
-// An SGLang prefill + decode pair: the plan stages concurrent P/D with the
-// bootstrap port the prefill reported, and `runbook pd --plan` qualifies it.
+// qualifyVerbatim runs a plan's printed qualify: command as printed (less
+// the program name), with only --out added, and wants PASS.
+func qualifyVerbatim(t *testing.T, line, out string) {
+	t.Helper()
+	args := strings.Fields(line)
+	if len(args) < 2 || args[0] != "llmgw" {
+		t.Fatalf("qualify line %q is not an llmgw command", line)
+	}
+	ios, stdout, errOut := TestIO()
+	if code := Main(context.Background(), append(args[1:], "--out", out), ios); code != ExitOK {
+		t.Fatalf("%s: exit %d\n%s\n%s", line, code, stdout, errOut)
+	}
+}
+
+// An SGLang pool of two prefills, each with its own bootstrap port, and a
+// decode: the plan stages concurrent P/D with each prefill's port in the
+// rule, and both `runbook pd --plan` and every stage's printed qualify
+// line (which must name each prefill's port and, for KV-exact, each
+// prefill's event socket) pass against the receipt-less simulators.
 func TestPlanSGLangPDQualify(t *testing.T) {
-	addrs, _, _ := startPlanSims(t, sim.Config{Engine: engines.SGLang, Role: sim.RolePrefill}, sim.Config{Engine: engines.SGLang, Role: sim.RoleDecode})
+	a := startFreshSims(t, sim.Config{Engine: engines.SGLang, Role: sim.RolePrefill, BlockSize: 16}, sim.Config{Engine: engines.SGLang, Role: sim.RolePrefill, BlockSize: 16},
+		sim.Config{Engine: engines.SGLang, Role: sim.RoleDecode, BlockSize: 16})
 	dir := t.TempDir()
 	ios, out, errOut := TestIO()
-	if code := Main(context.Background(), []string{"plan", "--endpoints", strings.Join(addrs, ","), "--timeout", "500ms", "-o", "json"}, ios); code != ExitOK {
+	if code := Main(context.Background(), []string{"plan", "--endpoints", a[0].HTTP + "," + a[1].HTTP + "," + a[2].HTTP, "--timeout", "300ms", "-o", "json"}, ios); code != ExitOK {
 		t.Fatalf("plan: exit %d\n%s", code, errOut)
 	}
 	planFile := filepath.Join(dir, "plan.json")
 	os.WriteFile(planFile, out.Bytes(), 0o600)
 	var p struct {
-		Topology      string `json:"topology"`
-		BootstrapPort int    `json:"bootstrap_port"`
+		Topology string `json:"topology"`
+		Stages   []struct {
+			Runbook string `json:"runbook"`
+		} `json:"stages"`
 	}
 	json.Unmarshal(out.Bytes(), &p)
-	if p.Topology != "pd" || p.BootstrapPort == 0 {
+	if p.Topology != "pd" || len(p.Stages) != 2 {
 		t.Fatalf("plan = %s", out)
 	}
 	ios, out, errOut = TestIO()
 	if code := Main(context.Background(), []string{"runbook", "pd", "--plan", planFile, "--out", filepath.Join(dir, "out")}, ios); code != ExitOK {
 		t.Fatalf("runbook pd --plan: exit %d\n%s\n%s", code, out, errOut)
+	}
+	for i, s := range p.Stages {
+		t.Run(fmt.Sprintf("stage %d", i+1), func(t *testing.T) { qualifyVerbatim(t, s.Runbook, filepath.Join(dir, "out")) })
+	}
+}
+
+// A pool the planner cannot stage (no engine answers as one, though its
+// health surface answers 200): every output format exits 1, and health is
+// known, not unknown.
+func TestPlanNoStageExitsAlikeAndHealthKnown(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for _, o := range []string{"table", "json", "yaml"} {
+		t.Run(o, func(t *testing.T) {
+			ios, out, errOut := TestIO()
+			code := Main(context.Background(), []string{"plan", "--endpoints", addr, "--timeout", "300ms", "-o", o}, ios)
+			if code != ExitError || !strings.Contains(errOut.String(), "no stage to apply") {
+				t.Errorf("exit %d; want 1 (no stage to apply)\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+			}
+		})
+	}
+	ios, out, _ := TestIO()
+	Main(context.Background(), []string{"plan", "--endpoints", addr, "--timeout", "300ms", "-o", "json"}, ios)
+	var p struct {
+		Answers []struct{ Key, Status, Value string } `json:"answers"`
+	}
+	json.Unmarshal(out.Bytes(), &p)
+	for _, a := range p.Answers {
+		if a.Key == "health" && (a.Status != "known" || a.Value != "true") {
+			t.Errorf("health answer = %+v; want known true (GET /health answered 200)", a)
+		}
 	}
 }
 

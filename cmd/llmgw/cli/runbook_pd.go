@@ -27,6 +27,7 @@ type RunbookPDOptions struct {
 	PrefillEndpoints      string
 	DecodeEndpoints       string
 	BootstrapPort         string
+	KVEvents              string
 	AcceptVersionMismatch bool
 	Gateway               string
 	GatewayTokenFile      string
@@ -108,6 +109,7 @@ Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 	f.StringVar(&opts.PrefillEndpoints, "prefill-endpoints", "", "attach: running prefill workers as host:port,...")
 	f.StringVar(&opts.DecodeEndpoints, "decode-endpoints", "", "attach: running decode workers as host:port,...")
 	f.StringVar(&opts.BootstrapPort, "bootstrap-port", "", "attach, sglang: the prefills' bootstrap port when they do not report it, one for all or one per --prefill-endpoints entry (P or P1,P2,...; default 8998)")
+	f.StringVar(&opts.KVEvents, "kv-events", "", "attach, --kv-exact: the prefills' KV event endpoints as tcp://host:port,... (one per --prefill-endpoints entry; default: what a simulator reports, else the rule's kvZmqPort)")
 	addLabFlags(f, &opts.Gateway, &opts.GatewayTokenFile, &opts.Out)
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s)")
 	f.BoolVar(&opts.AcceptVersionMismatch, "accept-version-mismatch", false, "qualify real workers that report an engine version other than the catalog tuple's (the mismatch stays on the row)")
@@ -130,8 +132,8 @@ func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
 		Engine: o.Engine, Profile: o.Profile, KVExact: o.KVExact, Prefill: o.Prefill, Decode: o.Decode, GatewayAdmin: o.Gateway,
 		HealthTimeout: o.HealthTimeout, Logger: logger, AcceptVersionMismatch: o.AcceptVersionMismatch, Tokenizer: o.KVTokenizer,
 	}
-	if (o.PrefillEndpoints != "" || o.DecodeEndpoints != "" || o.BootstrapPort != "") && o.Launcher != results.LauncherAttach {
-		return nil, usageErrorf("--prefill-endpoints, --decode-endpoints and --bootstrap-port need --launcher attach (got --launcher %s)", o.Launcher)
+	if (o.PrefillEndpoints != "" || o.DecodeEndpoints != "" || o.BootstrapPort != "" || o.KVEvents != "") && o.Launcher != results.LauncherAttach {
+		return nil, usageErrorf("--prefill-endpoints, --decode-endpoints, --bootstrap-port and --kv-events need --launcher attach (got --launcher %s)", o.Launcher)
 	}
 	switch o.Launcher {
 	case results.LauncherSim:
@@ -168,6 +170,17 @@ func pdOptions(o *RunbookPDOptions) (*pd.Options, error) {
 				att.BootstrapPorts = ports
 			default:
 				return nil, usageErrorf("--bootstrap-port lists %d ports for %d --prefill-endpoints (give one for all, or one each)", len(ports), len(pe))
+			}
+		}
+		if o.KVEvents != "" {
+			for _, e := range strings.Split(o.KVEvents, ",") {
+				if e = strings.TrimSpace(e); !strings.HasPrefix(e, "tcp://") {
+					return nil, usageErrorf("--kv-events %q: want tcp://host:port,...", o.KVEvents)
+				}
+				att.Events = append(att.Events, strings.TrimSpace(e))
+			}
+			if len(att.Events) != len(pe) {
+				return nil, usageErrorf("--kv-events lists %d endpoints for %d --prefill-endpoints", len(att.Events), len(pe))
 			}
 		}
 		po.Prefill, po.Decode = len(pe), len(de)
