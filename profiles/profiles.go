@@ -75,14 +75,36 @@ type Catalog struct {
 
 // EngineVersion is one engine's pinned identity in the version tuple.
 type EngineVersion struct {
-	// Version is the engine release (vLLM "0.31.0", llama.cpp build "b7800").
+	// Version is the engine release (vLLM "0.31.0"; llama.cpp's build_info,
+	// "b0-unknown" for the captured build).
 	Version string `yaml:"version" json:"version"`
+	// Source says where Version was established.
+	Source VersionSource `yaml:"source" json:"source"`
 	// Backend is set when the engine has several (TensorRT-LLM "pytorch").
 	Backend string `yaml:"backend,omitempty" json:"backend,omitempty"`
 	// Image is the container image a docker launcher starts by default.
 	Image string `yaml:"image" json:"image"`
 	// Contract names the engine wire contract the gateway applies.
 	Contract string `yaml:"contract" json:"contract"`
+}
+
+// Where a catalog version was established (VersionSource.Kind).
+const (
+	// SourceCapture: a build was run and its answers recorded.
+	SourceCapture = "capture"
+	// SourceRevision: a public source revision was read.
+	SourceRevision = "source"
+	// SourceDocumentation: the reference's documentation names it; no build
+	// of it was run.
+	SourceDocumentation = "documentation"
+)
+
+// VersionSource is where a version came from: Kind (SourceCapture,
+// SourceRevision or SourceDocumentation) and Ref, the capture, revision or
+// document it was read from.
+type VersionSource struct {
+	Kind string `yaml:"kind" json:"kind"`
+	Ref  string `yaml:"ref" json:"ref"`
 }
 
 // Versions is the catalog's version tuple, one entry per engine.

@@ -70,7 +70,7 @@ func TestVersionTuple(t *testing.T) {
 		{"vllm", "0.31.0", ""},
 		{"sglang", "0.5.19", ""},
 		{"trtllm", "1.3.0rc29", "pytorch"},
-		{"llamacpp", "b7800", ""},
+		{"llamacpp", "b0-unknown", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.engine, func(t *testing.T) {

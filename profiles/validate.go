@@ -37,6 +37,10 @@ func (v EngineVersion) validate() *fieldError {
 	switch {
 	case v.Version == "":
 		return fieldErr("version", "must be set")
+	case v.Source.Kind != SourceCapture && v.Source.Kind != SourceRevision && v.Source.Kind != SourceDocumentation:
+		return fieldErr("source.kind", "must be capture, source or documentation, got %q", v.Source.Kind)
+	case v.Source.Ref == "":
+		return fieldErr("source.ref", "must name the capture, revision or document the version was read from")
 	case v.Image == "":
 		return fieldErr("image", "must be set")
 	case v.Contract == "":

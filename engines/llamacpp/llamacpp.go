@@ -142,11 +142,6 @@ func (Adapter) PD() engines.PDProtocol { return nil }
 // 4".
 func HTTPThreads(nParallel, hwThreads int) int { return max(nParallel+2, hwThreads-1) }
 
-// CapturedBuildInfo is the build_info (and system_fingerprint) the captured
-// build reports: it was built without git metadata. The catalog pins b7800;
-// the captures, and so the simulator's persona, are of c392e50.
-const CapturedBuildInfo = "b0-unknown"
-
 // ReusedConnStall is the delay between the response head and the body of
 // a non-streamed answer on a reused keep-alive connection: 43.8 ms median
 // for GET /health (head at 0.16 ms, body at 43.8 ms) and 41.7 ms for a chat

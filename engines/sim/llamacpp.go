@@ -13,7 +13,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/llmgw/llmgw/engines/llamacpp"
 	"github.com/llmgw/llmgw/engines/tokenizer"
 )
 
@@ -701,16 +700,16 @@ func (s *Sim) llamaServeSlots(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(w.b)
 }
 
-// llamaProps is GET /props. build_info is the captured build's own
-// ("b0-unknown": built without git metadata); the persona speaks that
-// build's wire, not the catalog's b7800.
+// llamaProps is GET /props. build_info is the catalog's llama.cpp version,
+// which is the captured build's own ("b0-unknown": built without git
+// metadata), the build whose wire the persona speaks.
 func (s *Sim) llamaProps(ctx *fasthttp.RequestCtx) {
 	w := &jw{}
 	w.obj().key("default_generation_settings")
 	s.writeSlot(w, 0, llamaSlot{})
 	w.kint("total_slots", int64(s.llamaSlots())).kstr("model_path", s.cfg.Model).
 		kstr("chat_template", llamaChatMLTemplate).kstr("bos_token", "<s>").kstr("eos_token", "</s>").
-		kstr("build_info", llamacpp.CapturedBuildInfo).end()
+		kstr("build_info", s.version).end()
 	ctx.SetContentType("application/json")
 	ctx.SetBody(w.b)
 }
@@ -937,7 +936,7 @@ func (s *Sim) renderLlamaFull(job *genJob, out *genOutcome) []byte {
 		w.kstr("text", text).kint("index", 0).knull("logprobs").kstr("finish_reason", out.finish)
 	}
 	w.end().aend()
-	w.kint("created", s.created()).kstr("model", s.llamaModel(job)).kstr("system_fingerprint", llamacpp.CapturedBuildInfo).
+	w.kint("created", s.created()).kstr("model", s.llamaModel(job)).kstr("system_fingerprint", s.version).
 		kstr("object", llamaObject(job.api, false))
 	s.llamaUsage(w, out)
 	w.kstr("id", s.responseID(job))
@@ -996,11 +995,11 @@ func (s *Sim) renderLlamaChunks(job *genJob, out *genOutcome) []sseChunk {
 		w.obj().key("choices").arr().obj()
 		if job.api == apiChat {
 			w.knull("finish_reason").kint("index", 0).key("delta").obj().kstr("content", p).end().end().aend()
-			w.kint("created", created).kstr("id", id).kstr("model", model).kstr("system_fingerprint", llamacpp.CapturedBuildInfo).
+			w.kint("created", created).kstr("id", id).kstr("model", model).kstr("system_fingerprint", s.version).
 				kstr("object", llamaObject(job.api, true))
 		} else {
 			w.kstr("text", p).kint("index", 0).knull("logprobs").knull("finish_reason").end().aend()
-			w.kint("created", created).kstr("model", model).kstr("system_fingerprint", llamacpp.CapturedBuildInfo).
+			w.kint("created", created).kstr("model", model).kstr("system_fingerprint", s.version).
 				kstr("object", llamaObject(job.api, true)).kstr("id", id)
 		}
 		w.end()
@@ -1010,12 +1009,12 @@ func (s *Sim) renderLlamaChunks(job *genJob, out *genOutcome) []sseChunk {
 	w.obj().key("choices").arr().obj()
 	if job.api == apiChat {
 		w.kstr("finish_reason", out.finish).kint("index", 0).key("delta").obj().end().end().aend()
-		w.kint("created", created).kstr("id", id).kstr("model", model).kstr("system_fingerprint", llamacpp.CapturedBuildInfo).
+		w.kint("created", created).kstr("id", id).kstr("model", model).kstr("system_fingerprint", s.version).
 			kstr("object", llamaObject(job.api, true))
 		s.llamaUsage(w, out)
 	} else {
 		w.kstr("text", "").kint("index", 0).knull("logprobs").kstr("finish_reason", out.finish).end().aend()
-		w.kint("created", created).kstr("model", model).kstr("system_fingerprint", llamacpp.CapturedBuildInfo).
+		w.kint("created", created).kstr("model", model).kstr("system_fingerprint", s.version).
 			kstr("object", llamaObject(job.api, true))
 		s.llamaUsage(w, out)
 		w.kstr("id", id)

@@ -66,7 +66,10 @@ var Modes = []string{"rr", "chwbl", "exact"}
 const (
 	DefaultEngine  = string(engines.VLLM)
 	DefaultProfile = "qwen3-0.6b"
-	DefaultMode    = "exact"
+	// DefaultMode is the mode for engines that publish KV events;
+	// DefaultModeNoKV for those that publish none (llama.cpp).
+	DefaultMode     = "exact"
+	DefaultModeNoKV = "chwbl"
 	DefaultWorkers = 3
 )
 
@@ -141,6 +144,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Mode == "" {
 		o.Mode = DefaultMode
+		if engines.KVOf(engines.Kind(o.Engine)) == nil {
+			o.Mode = DefaultModeNoKV
+		}
 	}
 	if o.Workers == 0 {
 		o.Workers = DefaultWorkers

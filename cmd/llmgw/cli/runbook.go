@@ -135,7 +135,7 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 	f := conv.Flags()
 	f.StringVar(&opts.Engine, "engine", converged.DefaultEngine, "engine: vllm, sglang, trtllm or llamacpp")
 	f.StringVar(&opts.Profile, "profile", converged.DefaultProfile, "catalog profile ID (see 'llmgw profiles list')")
-	f.StringVar(&opts.Mode, "mode", converged.DefaultMode, "routing mode: rr, chwbl or exact")
+	f.StringVar(&opts.Mode, "mode", "", "routing mode: rr, chwbl or exact (default "+converged.DefaultMode+"; "+converged.DefaultModeNoKV+" for an engine without KV events)")
 	f.IntVar(&opts.Workers, "workers", converged.DefaultWorkers, "number of workers (attach: defaults to the number of --endpoints)")
 	f.StringVar(&opts.Launcher, "launcher", results.LauncherSim, "how workers are obtained: sim, docker or attach")
 	f.StringVar(&opts.Endpoints, "endpoints", "", "attach: running workers as host:port,...")
