@@ -167,6 +167,7 @@ func (s *Sim) collectMetrics(ch chan<- prometheus.Metric) {
 		e.requestSuccess("trtllm_request_success_total", m)
 		e.counter("trtllm_prompt_tokens_total", "Cumulative number of prompt (input) tokens processed.", float64(m.promptTokens.Load()))
 		e.counter("trtllm_generation_tokens_total", "Cumulative number of generation (output) tokens produced.", float64(m.generationTokens.Load()))
+		e.counter("trtllm_prompt_cached_tokens_total", "Total prompt tokens served from KV cache.", float64(m.prefixHits.Load()))
 		e.ttft("trtllm_time_to_first_token_seconds", m)
 	case engines.LlamaCpp:
 		s.collectLlamaMetrics(e)

@@ -358,6 +358,15 @@ func (s *state) routingWitnessed(ctx context.Context, r *runbook.Run) runbook.Ou
 	}
 	out = out.For(runbook.LaneCacheReuse)
 	prefix := longPrompt(r.ID, "pd-kv-exact")
+	// The inventory before the warm request: the warmed prefill's blocks
+	// must grow past it (earlier steps' blocks are already there, and a
+	// polled engine's events arrive a poll later).
+	before := map[string]int{}
+	if inv, _, err := s.admin.Inventory(ctx, s.ruleName, 4); err == nil {
+		for _, ep := range inv.Endpoints {
+			before[ep.ID] = ep.InventoryBlocks
+		}
+	}
 	if err := send(r.ID+"-exact-warm", prefix+" First question?"); err != nil {
 		return labkit.WithEvidence(labkit.FailErr(ctx, "ROUTING_REQUEST_FAILED", err), out.With("requests.json", labkit.MustJSON(rs)))
 	}
@@ -372,7 +381,7 @@ func (s *state) routingWitnessed(ctx context.Context, r *runbook.Run) runbook.Ou
 		}
 		for _, ep := range inv.Endpoints {
 			if ep.ID == w {
-				return ep.InventoryBlocks > 0, fmt.Sprintf("prefill %s inventory %d blocks", w, ep.InventoryBlocks), nil
+				return ep.InventoryBlocks > before[w], fmt.Sprintf("prefill %s inventory %d blocks (%d before the warm request)", w, ep.InventoryBlocks, before[w]), nil
 			}
 		}
 		return false, "warmed prefill not in the inventory", nil

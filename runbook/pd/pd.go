@@ -20,8 +20,8 @@
 //     whose engine counter shows it, step 7 (which reads the legs' bodies)
 //     is SKIPPED with the reason, and KV-exact cache reuse is shown by the
 //     warmed prefill's cache counter (sglang:cached_tokens_total,
-//     vllm:prefix_cache_hits_total), BLOCKED engine_cache_unreported where
-//     the engine exports none (TensorRT-LLM)
+//     vllm:prefix_cache_hits_total, trtllm_prompt_cached_tokens_total),
+//     BLOCKED engine_cache_unreported where the engine exports none
 //  4. apply rule        pd_disagg_mode, ep_role 1/2, each SGLang prefill's
 //     bootstrapPort, kvExactMode 1 with the prefills' event streams
 //  5. read back         the effective rule equals the applied one; every

@@ -333,6 +333,17 @@ func (p *Plan) PrefillBootstrapPorts() []int {
 	return out
 }
 
+// KVTokenizer is the kvTokenizer of the plan's KV-exact stage ("" when it
+// has none).
+func (p *Plan) KVTokenizer() string {
+	for _, st := range p.Stages {
+		if st.Rule != nil && st.Rule.KVExactMode != 0 {
+			return st.Rule.KVTokenizer
+		}
+	}
+	return ""
+}
+
 // EventsOf are the ZeroMQ KV event endpoints the plan found for addrs, in
 // order; nil when any of them has none (it publishes no ZeroMQ events).
 func (p *Plan) EventsOf(addrs []string) []string {
@@ -367,8 +378,13 @@ func (p *Plan) BootstrapPortFlag() string {
 
 func convRunbook(o *Options, p *Plan, mode string) string {
 	args := []string{"llmgw", "runbook", "converged", "--launcher", "attach", "--engine", string(p.Engine), "--mode", mode, "--endpoints", strings.Join(p.Converged, ",")}
-	if ev := p.EventsOf(p.Converged); mode == "exact" && ev != nil {
-		args = append(args, "--kv-events", strings.Join(ev, ","))
+	if mode == "exact" {
+		if ev := p.EventsOf(p.Converged); ev != nil {
+			args = append(args, "--kv-events", strings.Join(ev, ","))
+		}
+		if tok, _ := kvTokenizerFor(engines.MustFor(p.Engine), o, p); tok != "" {
+			args = append(args, "--kv-tokenizer", tok)
+		}
 	}
 	if o.Profile != "" {
 		args = append(args, "--profile", o.Profile)
@@ -388,6 +404,9 @@ func pdRunbook(o *Options, p *Plan, kvExact bool) string {
 		args = append(args, "--kv-exact")
 		if ev := p.EventsOf(p.Prefill); ev != nil {
 			args = append(args, "--kv-events", strings.Join(ev, ","))
+		}
+		if tok, _ := kvTokenizerFor(engines.MustFor(p.Engine), o, p); tok != "" {
+			args = append(args, "--kv-tokenizer", tok)
 		}
 	}
 	if o.Profile != "" {

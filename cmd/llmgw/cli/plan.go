@@ -271,6 +271,9 @@ func applyPlanConverged(cmd *cobra.Command, o *RunbookOptions, path string) erro
 	if ev := p.EventsOf(p.Converged); !f.Changed("kv-events") && ev != nil {
 		o.KVEvents = strings.Join(ev, ",")
 	}
+	if tok := p.KVTokenizer(); !f.Changed("kv-tokenizer") && tok != "" {
+		o.KVTokenizer = tok
+	}
 	return nil
 }
 
@@ -302,6 +305,9 @@ func applyPlanPD(cmd *cobra.Command, o *RunbookPDOptions, path string) error {
 	}
 	if ev := p.EventsOf(p.Prefill); !f.Changed("kv-events") && ev != nil {
 		o.KVEvents = strings.Join(ev, ",")
+	}
+	if tok := p.KVTokenizer(); !f.Changed("kv-tokenizer") && tok != "" {
+		o.KVTokenizer = tok
 	}
 	return nil
 }
