@@ -70,7 +70,7 @@ const (
 	// DefaultModeNoKV for those that publish none (llama.cpp).
 	DefaultMode     = "exact"
 	DefaultModeNoKV = "chwbl"
-	DefaultWorkers = 3
+	DefaultWorkers  = 3
 )
 
 // Step names, in order. They are part of the results contract (run.json,
