@@ -223,7 +223,8 @@ func TestInconsistentPools(t *testing.T) {
 		{"block size", sim.Config{Engine: engines.VLLM, BlockSize: 32}, "", KeyBlockSize, true, 2},
 		{"served model", sim.Config{Engine: engines.VLLM, Model: "Qwen/Qwen3-8B"}, "", KeyModels, true, 1},
 		{"hash seed", sim.Config{Engine: engines.VLLM, HashSeed: "7"}, "", KeyHashes, true, 2},
-		{"hash algorithm", sim.Config{Engine: engines.VLLM, HashAlgo: "xxhash_cbor"}, "", KeyHashes, true, 2},
+		// vllm:cache_config_info names each endpoint's algorithm.
+		{"hash algorithm", sim.Config{Engine: engines.VLLM, HashAlgo: "xxhash_cbor"}, "", KeyHashAlgo, true, 2},
 		{"engine build", sim.Config{Engine: engines.VLLM}, "0.30.9", KeyVersion, true, 2}, // the sim reports the catalog's 0.31.0
 		{"engine", sim.Config{Engine: engines.SGLang}, "", KeyEngine, true, -1},
 	}

@@ -199,6 +199,10 @@ type Observation struct {
 	Desc       engines.Description  `json:"self_description"`
 	Events     EventsObservation    `json:"events"`
 	Problems   []string             `json:"problems,omitempty"`
+	// NoEvidence, when set, is why no surface lets a runbook attribute a
+	// request to this worker without a receipt log (its work counter and
+	// slots pages did not answer).
+	NoEvidence string `json:"no_evidence,omitempty"`
 	kv         *engines.KVContract  // nil: none
 	adapter    engines.Adapter      // nil: unknown engine
 	describer  engines.Describer    // nil: adapter has none
@@ -369,7 +373,35 @@ func observe(ctx context.Context, o *Options, t Target) *Observation {
 	}
 	ob.kv = ob.adapter.KV()
 	probeEvents(ctx, o, t, ob)
+	probeEvidence(ctx, o, ob)
 	return ob
+}
+
+// probeEvidence asks the surfaces that let a runbook attribute each request
+// to a worker without a receipt log (the engine's work counter page, else
+// its slots page) and records why none answers, when none does.
+func probeEvidence(ctx context.Context, o *Options, ob *Observation) {
+	er, ok := engines.EvidenceOf(ob.adapter)
+	if !ok {
+		return
+	}
+	e := er.Evidence()
+	var tried []string
+	for _, sv := range []struct{ path, flag string }{{ob.adapter.Surfaces().Metrics, e.MetricsFlag}, {e.Slots, e.SlotsFlag}} {
+		if sv.path == "" || (sv.path == ob.adapter.Surfaces().Metrics && e.WorkCounter == "") {
+			continue
+		}
+		st, _, err := get(ctx, o, http.MethodGet, ob.Addr, sv.path, nil)
+		if err == nil && st == http.StatusOK {
+			return
+		}
+		why := fmt.Sprintf("GET %s: %s", sv.path, answerText(st, err))
+		if sv.flag != "" {
+			why += " (start it with " + sv.flag + ")"
+		}
+		tried = append(tried, why)
+	}
+	ob.NoEvidence = strings.Join(tried, "; ")
 }
 
 // probeHealth asks GET path and records the answer; it reports whether the

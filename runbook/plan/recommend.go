@@ -91,9 +91,20 @@ func recommend(o *Options, p *Plan) {
 		}
 		blocks = append(blocks, b)
 	}
+	// A stage's runbook attributes each request to a worker by the engine's
+	// own counters: where a worker serves none, the stage says so.
+	var noEvidence []string
+	for _, ob := range p.Endpoints {
+		if ob.NoEvidence != "" {
+			noEvidence = append(noEvidence, ob.Addr+" "+ob.NoEvidence)
+		}
+	}
 	n := 0
 	add := func(capability, reason, mode string, r *rule.Rule, runbook string) {
 		n++
+		if len(noEvidence) > 0 {
+			reason += ". Its runbook will be BLOCKED until every worker serves the engine's request evidence: " + strings.Join(noEvidence, "; ")
+		}
 		r.Name = o.Name
 		p.Stages = append(p.Stages, Stage{N: n, Capability: capability, Reason: reason, Rule: r, Runbook: runbook, RunbookMode: mode})
 	}

@@ -117,6 +117,7 @@ func TestPlanThreeVLLMApplyAndQualify(t *testing.T) {
 func TestPlanExitCodes(t *testing.T) {
 	a, ae, ar := startPlanSims(t, sim.Config{Engine: engines.VLLM})
 	b, be, br := startPlanSims(t, sim.Config{Engine: engines.VLLM, BlockSize: 32})
+	l := startFreshSims(t, sim.Config{Engine: engines.LlamaCpp})
 	cases := []struct {
 		name string
 		args []string
@@ -131,6 +132,7 @@ func TestPlanExitCodes(t *testing.T) {
 		{"bad profile", []string{"--endpoints", a[0], "--profile", "nope"}, ExitUsage, "--profile"},
 		{"yaml of a missing stage", []string{"--endpoints", a[0], "--events", ae[0], "-o", "yaml", "--stage", "9"}, ExitError, "no stage 9"},
 		{"bad role", []string{"--endpoints", a[0] + "=leader"}, ExitUsage, "want converged, prefill"},
+		{"llama.cpp without --metrics or --slots", []string{"--endpoints", l[0].HTTP}, ExitOK, "BLOCKED until every worker serves the engine's request evidence: " + l[0].HTTP + " GET /metrics: 501 (start it with --metrics); GET /slots: 501 (start it with --slots)"},
 		{"profile model differs", []string{"--endpoints", a[0], "--events", ae[0], "--profile", "llama-3.1-8b-instruct"}, ExitFail, "profile"},
 	}
 	for _, tc := range cases {
