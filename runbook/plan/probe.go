@@ -194,15 +194,15 @@ type Observation struct {
 	Models    []string     `json:"models,omitempty"`
 	// Tokenizer is the hash of the canary's token ids ("" = not tokenized)
 	// and TokenCount their number.
-	Tokenizer  string               `json:"tokenizer,omitempty"`
-	TokenCount int                  `json:"token_count,omitempty"`
-	Desc       engines.Description  `json:"self_description"`
-	Events     EventsObservation    `json:"events"`
-	Problems   []string             `json:"problems,omitempty"`
+	Tokenizer  string              `json:"tokenizer,omitempty"`
+	TokenCount int                 `json:"token_count,omitempty"`
+	Desc       engines.Description `json:"self_description"`
+	Events     EventsObservation   `json:"events"`
+	Problems   []string            `json:"problems,omitempty"`
 	// NoEvidence, when set, is why no surface lets a runbook attribute a
 	// request to this worker without a receipt log (its work counter and
 	// slots pages did not answer).
-	NoEvidence string `json:"no_evidence,omitempty"`
+	NoEvidence string               `json:"no_evidence,omitempty"`
 	kv         *engines.KVContract  // nil: none
 	adapter    engines.Adapter      // nil: unknown engine
 	describer  engines.Describer    // nil: adapter has none
