@@ -14,9 +14,13 @@ import (
 // /get_server_info, which answers the server's arguments (ServerArgs as a
 // flat object: page_size, disaggregation_mode, disaggregation_bootstrap_port,
 // kv_events_config as a JSON string, context_length) plus "version"
-// (python/sglang/srt/entrypoints/http_server.py get_server_info,
-// python/sglang/srt/server_args.py). The reference runbooks check the same
-// fields (page_size 16, kv_events endpoint port 5557, version).
+// (python/sglang/srt/entrypoints/http_server.py get_server_info at
+// sgl-project/sglang 0025436eab0556737d615b36a4dd3e1e26e82f3d:
+// {**dataclasses.asdict(server_args), **scheduler_info, "internal_states",
+// "version"}; python/sglang/srt/server_args.py). It answers from start-up,
+// before any request, so a fresh pool tells its page size, role, bootstrap
+// port and event socket. The reference runbooks check the same fields
+// (page_size 16, kv_events endpoint port 5557, version).
 func (*Adapter) OwnedBy() string { return "sglang" }
 
 func (*Adapter) DescribePaths() []string { return []string{"/get_server_info"} }
