@@ -149,7 +149,7 @@ recorded under <out>/owned/ until cleaned up; 'llmgw cleanup' removes leftovers.
 	f.StringVar(&opts.DockerNetwork, "docker-network", "", "docker: join this network instead of creating one for the run")
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s; docker 10m)")
 	addLabLogFlag(f, &opts.LogLevel)
-	f.StringVar(&opts.Plan, "plan", "", "take engine, profile, attached endpoints and (without --mode) stage 1's mode from 'llmgw plan -o json' output")
+	f.StringVar(&opts.Plan, "plan", "", "take engine, profile, attached endpoints, their KV event endpoints, the KV-exact stage's kvTokenizer and (without --mode) stage 1's mode from 'llmgw plan -o json' output")
 	addLabOutputFlag(conv, &opts.Output)
 	completeFlag(conv, "engine", completeEngines())
 	completeFlag(conv, "profile", completeProfiles)

@@ -114,7 +114,7 @@ Exit codes: 0 every step PASS, 3 some step FAIL, 4 BLOCKED, 130 interrupted
 	f.DurationVar(&opts.HealthTimeout, "health-timeout", 0, "how long workers may take to become healthy (default 60s)")
 	f.BoolVar(&opts.AcceptVersionMismatch, "accept-version-mismatch", false, "qualify real workers that report an engine version other than the catalog tuple's (the mismatch stays on the row)")
 	addLabLogFlag(f, &opts.LogLevel)
-	f.StringVar(&opts.Plan, "plan", "", "take engine, profile, prefill/decode endpoints and bootstrap port from 'llmgw plan -o json' output")
+	f.StringVar(&opts.Plan, "plan", "", "take engine, profile, prefill/decode endpoints, each prefill's bootstrap port and KV event endpoint, and the KV-exact stage's kvTokenizer from 'llmgw plan -o json' output")
 	addLabOutputFlag(cmd, &opts.Output)
 	completeFlag(cmd, "engine", fixedCompletion(pd.Engines...))
 	completeFlag(cmd, "profile", completeProfiles)
