@@ -129,7 +129,7 @@ func TestJourney(t *testing.T) {
 				ios, out, errOut = TestIO()
 				ios.In = bytes.NewReader(ruleYAML)
 				if code := Main(context.Background(), []string{"rule", "apply", "-f", "-", "--admin", "http://" + gw.AdminAddr()}, ios); code != ExitOK {
-					t.Fatalf("stage %d (%s): rule apply -f -: exit %d\n%s\n%s", st.N, st.Capability, code, errOut, ruleYAML)
+					t.Fatalf("stage %d (%s): rule apply -f -: exit %d\n%s%s\n%s", st.N, st.Capability, code, out, errOut, ruleYAML)
 				}
 				// Served traffic: a few chat requests through the rule,
 				// each answered 200 once the rule's endpoints are ready.
