@@ -114,3 +114,17 @@ func TestTamperedEvidenceIsCaught(t *testing.T) {
 		t.Errorf("verify after tampering: changed %v; want [%s]", vr.Changed, target)
 	}
 }
+
+// An unset mode is the engine's default: exact where the engine publishes
+// KV events, chwbl where it publishes none (llama.cpp, for which exact is
+// refused).
+func TestDefaultModePerEngine(t *testing.T) {
+	for _, tc := range []struct{ engine, want string }{{"vllm", DefaultMode}, {"sglang", DefaultMode}, {"trtllm", DefaultMode}, {"llamacpp", DefaultModeNoKV}} {
+		t.Run(tc.engine, func(t *testing.T) {
+			o := &Options{Engine: tc.engine, Launcher: &launcher.Sim{}}
+			if err := o.Validate(); err != nil || o.Mode != tc.want {
+				t.Errorf("mode %q, err %v; want %q", o.Mode, err, tc.want)
+			}
+		})
+	}
+}

@@ -28,10 +28,11 @@ func TestNewCmdRunbookConverged(t *testing.T) {
 		cli  string
 		want RunbookOptions
 	}{
-		{"defaults", "", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "exact", Workers: 3, Launcher: "sim", Out: defaultResultsDir()}},
+		// Mode "" is the engine's default, resolved by converged.Options.
+		{"defaults", "", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "", Workers: 3, Launcher: "sim", Out: defaultResultsDir()}},
 		{"engine mode workers", "--engine sglang --mode rr --workers 2 --out /tmp/x", RunbookOptions{Engine: "sglang", Profile: "qwen3-0.6b", Mode: "rr", Workers: 2, Launcher: "sim", Out: "/tmp/x"}},
-		{"docker override", "--launcher docker --image-override sim=llmgw-sim:test", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "exact", Workers: 3, Launcher: "docker", Out: defaultResultsDir(), ImageOverrides: []string{"sim=llmgw-sim:test"}}},
-		{"attach", "--launcher attach --endpoints 127.0.0.1:1,127.0.0.1:2 --gateway http://127.0.0.1:8081", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "exact", Workers: 3, Launcher: "attach", Out: defaultResultsDir(), Endpoints: "127.0.0.1:1,127.0.0.1:2", Gateway: "http://127.0.0.1:8081"}},
+		{"docker override", "--launcher docker --image-override sim=llmgw-sim:test", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "", Workers: 3, Launcher: "docker", Out: defaultResultsDir(), ImageOverrides: []string{"sim=llmgw-sim:test"}}},
+		{"attach", "--launcher attach --endpoints 127.0.0.1:1,127.0.0.1:2 --gateway http://127.0.0.1:8081", RunbookOptions{Engine: "vllm", Profile: "qwen3-0.6b", Mode: "", Workers: 3, Launcher: "attach", Out: defaultResultsDir(), Endpoints: "127.0.0.1:1,127.0.0.1:2", Gateway: "http://127.0.0.1:8081"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
