@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -256,6 +257,30 @@ func TestSGLangBootstrap(t *testing.T) {
 			}
 		})
 	}
+	// A decode sent a bootstrap_port where no bootstrap server answers fails,
+	// and so does its prefill, whose decode never joins: SGLang's decode
+	// asks GET http://{bootstrap_host}:{bootstrap_port}/route first and
+	// records the room failed when it gets no answer (CommonKVReceiver,
+	// python/sglang/srt/disaggregation/common/conn.py, sgl-project/sglang
+	// 0094505da74125a31ceb354f37ae7a1b6a97d3f5).
+	{
+		dead := closedPort(t)
+		var wg sync.WaitGroup
+		var pre, dec httpResult
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			pre = do(t, c, "POST", "http://"+p.Addrs().HTTP+"/v1/chat/completions", body(21))
+		}()
+		go func() {
+			defer wg.Done()
+			dec = do(t, c, "POST", "http://"+d.Addrs().HTTP+"/v1/chat/completions", strings.Replace(body(21), `"bootstrap_port":`+port, `"bootstrap_port":`+dead, 1))
+		}()
+		wg.Wait()
+		if dec.status != 500 || !strings.Contains(string(dec.body), "bootstrap") || pre.status != 500 {
+			t.Errorf("wrong decode bootstrap port: prefill %d (%s), decode %d (%s); want both 500", pre.status, pre.body, dec.status, dec.body)
+		}
+	}
 	// A prefill whose bootstrap_port is not its own is rejected at once.
 	res := do(t, c, "POST", "http://"+p.Addrs().HTTP+"/v1/chat/completions",
 		fmt.Sprintf(`{"messages":[{"role":"user","content":"x"}],"bootstrap_host":%q,"bootstrap_port":1,"bootstrap_room":1}`, host))
@@ -274,4 +299,17 @@ func TestSeveralSims(t *testing.T) {
 			t.Errorf("%s: %d %s", k, res.status, res.body)
 		}
 	}
+}
+
+// closedPort is a loopback port nothing listens on (a kernel-chosen port,
+// released).
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	return port
 }
