@@ -109,7 +109,7 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 	if a, err := engines.For(engines.Kind(eff.KVEngineType)); err == nil {
 		tokenizePath = a.Surfaces().Tokenize
 	}
-	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, eff.ModelName, tokenizePath, func() string {
+	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, eff.ModelName, eff.KVChatTemplate, tokenizePath, func() string {
 		for _, ep := range pool {
 			if ep.Available() {
 				return scheme + "://" + ep.Addr

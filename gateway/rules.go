@@ -33,6 +33,9 @@ func (s *Server) Apply(r *rule.Rule, create bool) (*rule.Rule, error) {
 	if err := checkTokenizerPath(r.KVTokenizer); err != nil {
 		return nil, err
 	}
+	if err := checkTemplatePath(r.KVChatTemplate); err != nil {
+		return nil, err
+	}
 	// A discovered rule's endpoints are resolved before the lock (the
 	// source's first sync takes s.mu-free time); its field checks run
 	// first so that a malformed rule starts no watch.

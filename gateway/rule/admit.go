@@ -110,6 +110,7 @@ const (
 	CodeKVWarmupSec          = "kv_warmup_sec"
 	CodeKVHitMinShare        = "kv_hit_min_share"
 	CodeKVTokenizer          = "kv_tokenizer"
+	CodeKVChatTemplate       = "kv_chat_template"
 	CodeSessionHeader        = "session_header"
 	CodeSessionHeaderSel     = "session_header_sel"
 	CodeSessionTTL           = "session_ttl"
@@ -212,7 +213,7 @@ func Admit(r *Rule, existing *Rule, others []*Rule) error {
 	}
 	for _, check := range []func(*Rule) *AdmissionError{
 		checkName, checkMode, checkSel, checkReadBackNames, checkEndpoints, checkPD, checkKVExact,
-		checkEngine, checkKVExactSel, checkKVFields, checkTokenizer, checkSession, checkCHWBL,
+		checkEngine, checkKVExactSel, checkKVFields, checkTokenizer, checkChatTemplate, checkSession, checkCHWBL,
 		checkProbe, checkCB, checkTimeouts, checkListen, checkBackendTLS,
 	} {
 		if err := check(r); err != nil {
@@ -672,8 +673,41 @@ func checkTokenizer(r *Rule) *AdmissionError {
 		}
 		return nil
 	}
-	if _, err := tokenizer.Resolve(r.KVTokenizer, r.ModelName); err != nil {
+	path, err := tokenizer.Resolve(r.KVTokenizer, r.ModelName)
+	if err != nil {
 		return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer %q: %v; %s", truncate(r.KVTokenizer, 200), err, what)
+	}
+	if r.KVExactMode == 0 || r.KVChatTemplate != "" {
+		return nil
+	}
+	// A chat request is hashed as the engine renders it, with the model's
+	// chat template; a tokenizer without one would miss on every chat
+	// request while the rule looked ready.
+	if err := tokenizer.CheckChatTemplate(path); err != nil {
+		return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer %q: %v: KV-exact routing could not render chat requests as the engine does, so every one would miss; put the model's tokenizer_config.json (with its chat_template) beside the tokenizer.json, or name the engine's template file with kvChatTemplate", truncate(r.KVTokenizer, 200), err)
+	}
+	return nil
+}
+
+// checkChatTemplate: kvChatTemplate names a readable template file, and
+// only beside a kvTokenizer path (with "engine" the worker renders with its
+// own template).
+func checkChatTemplate(r *Rule) *AdmissionError {
+	if r.KVChatTemplate == "" {
+		return nil
+	}
+	switch {
+	case r.KVExactMode == 0:
+		return bad(CodeKVChatTemplate, "kvChatTemplate", "kvChatTemplate is the chat template of KV-exact routing and needs kvExactMode 1 or 3; remove it")
+	case r.KVTokenizer == "engine":
+		return bad(CodeKVChatTemplate, "kvChatTemplate", "kvChatTemplate does not apply to kvTokenizer \"engine\": the worker's /tokenize renders with the engine's own template; remove it")
+	}
+	st, err := os.Stat(r.KVChatTemplate)
+	if err != nil {
+		return bad(CodeKVChatTemplate, "kvChatTemplate", "kvChatTemplate %q: %v", truncate(r.KVChatTemplate, 200), err)
+	}
+	if !st.Mode().IsRegular() {
+		return bad(CodeKVChatTemplate, "kvChatTemplate", "kvChatTemplate %q is not a regular file", truncate(r.KVChatTemplate, 200))
 	}
 	return nil
 }

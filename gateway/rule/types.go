@@ -55,6 +55,12 @@ type Rule struct {
 	// directory holding the model's snapshot (tokenizer.Resolve), or
 	// "engine" (ask a worker's /tokenize).
 	KVTokenizer string `json:"kvTokenizer,omitempty"`
+	// KVChatTemplate is the path of a Jinja chat template file on the
+	// gateway host (as vLLM's --chat-template), for a kvTokenizer path
+	// that does not bring the model's template (a bare tokenizer.json, a
+	// .gguf without tokenizer.chat_template). It overrides the tokenizer's
+	// own template; it must be the one the engine renders with.
+	KVChatTemplate string `json:"kvChatTemplate,omitempty"`
 
 	PDDisaggMode    bool `json:"pd_disagg_mode,omitempty"`
 	PDBootstrapPort int  `json:"pdBootstrapPort,omitempty"`
