@@ -74,6 +74,9 @@ type kvRuntime struct {
 	// blocks a decision must match to count as a hit.
 	hitShare float64
 	parity   parityState
+	// health is the rule's recent window of decisions and self-checks
+	// (effectiveness, the degraded mark).
+	health *kvHealth
 	// canary records endpoints whose hash parity was proven by a canary
 	// check (a readiness condition when their inventory is empty).
 	canary []atomic.Bool
@@ -82,7 +85,7 @@ type kvRuntime struct {
 }
 
 func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme string, client *http.Client) (*kvRuntime, error) {
-	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: max(eff.CHWBL.LoadFactor, kvBoundFactor), scheme: scheme, client: client}
+	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: max(eff.CHWBL.LoadFactor, kvBoundFactor), scheme: scheme, client: client, health: newKVHealth()}
 	kv.hitShare = rule.DefaultKVHitMinShare
 	if eff.KVHitMinShare != nil {
 		kv.hitShare = *eff.KVHitMinShare
@@ -625,6 +628,7 @@ func (s *Server) kvSelfCheck(rt *ruleRuntime, obs *kvObservation) {
 		outcome = "mismatch"
 	}
 	s.metrics.kvParity.WithLabelValues(rt.rule.Name, outcome).Inc()
+	rt.kv.health.check(outcome)
 	if raised {
 		s.log.Error("kv-exact hash parity broken: the engine's cache reuse does not match the gateway's prediction; "+rt.kv.parityHint(),
 			"rule", rt.rule.Name, "mismatches_in_a_row", parityThreshold, "last", detail)

@@ -263,7 +263,7 @@ func (r *pdRequest) pick(exP *upstream.Endpoint) (*upstream.Endpoint, *upstream.
 	r.kvc = kvChoice{}
 	if P == nil && r.rt.kv != nil {
 		r.kvc = r.rt.kv.route(r.ctx, &r.kvs, r.v, r.kind, exP)
-		r.s.metrics.kvObserve(r.rt.rule.Name, &r.kvc)
+		r.s.metrics.kvObserve(r.rt.rule.Name, r.rt.kv, &r.kvc)
 		if r.kvc.ep != nil {
 			P, how = r.kvc.ep, r.kvc.routeLabel()
 		}

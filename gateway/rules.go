@@ -265,6 +265,15 @@ type RuleLiveStatus struct {
 	KVReady *bool `json:"kv_ready,omitempty"`
 	// KVParity is the KV-exact self-check (KV-exact rules only).
 	KVParity *ParityStatus `json:"kv_parity,omitempty"`
+	// KVWindow is KV-exact effectiveness over the rule's recent decisions
+	// (KV-exact rules only).
+	KVWindow *KVWindowStatus `json:"kv_window,omitempty"`
+	// Degraded says why the rule serves degraded, a warning and not an
+	// outage (Ready is unchanged): "cause: sentence", causes joined by
+	// "; " (kv_tokenize, kv_parity: see kvhealth.go); empty when it does
+	// not. DegradedCauses holds the same by cause.
+	Degraded       string            `json:"degraded,omitempty"`
+	DegradedCauses map[string]string `json:"degraded_causes,omitempty"`
 }
 
 // EndpointStatus is one endpoint's live state.
@@ -367,7 +376,11 @@ func (rt *ruleRuntime) status(addr string) *RuleStatus {
 			}
 		}
 		ps := kv.parity.status()
-		st.Status.KVReady, st.Status.KVParity = &anyReady, &ps
+		ws := kv.health.status()
+		st.Status.KVReady, st.Status.KVParity, st.Status.KVWindow = &anyReady, &ps, &ws
+		if causes := degraded(ws, ps); len(causes) > 0 {
+			st.Status.Degraded, st.Status.DegradedCauses = degradedText(causes), causes
+		}
 	}
 	return st
 }
