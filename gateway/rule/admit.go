@@ -83,6 +83,7 @@ const (
 	CodeEndpointWeight       = "endpoint_weight" // ref V19
 	CodeEndpointRole         = "endpoint_role"
 	CodeEndpointNixlPort     = "endpoint_nixl_port"
+	CodeEndpointP2PNcclPort  = "endpoint_p2p_nccl_port"
 	CodeEndpointBootstrap    = "endpoint_bootstrap_port"
 	CodeEndpointEvents       = "endpoint_events_endpoint"
 	CodeEndpointID           = "endpoint_id"
@@ -332,10 +333,18 @@ func checkEndpoints(r *Rule) *AdmissionError {
 			if !validPort(ep.NixlPort) {
 				return bad(CodeEndpointNixlPort, p+".nixl_port", "nixl_port must be within 1..65535 (0 = none), got %d", ep.NixlPort)
 			}
-			// The port is only ever used to build the P2P-NCCL request id
-			// of a P/D pair; anywhere else it would be silently ignored.
+			// The port is only ever written into the legs' request id of a
+			// P/D pair; anywhere else it would be silently ignored.
 			if a := adapterOf(r); !r.PDDisaggMode || a == nil || a.PD() == nil || !a.PD().KVPorts() || ep.EPRole == 0 {
-				return bad(CodeEndpointNixlPort, p+".nixl_port", "nixl_port (the vLLM P2P-NCCL KV port, carried in the legs' X-Request-Id) applies only to prefill and decode endpoints of a vLLM P/D rule; remove it")
+				return bad(CodeEndpointNixlPort, p+".nixl_port", "nixl_port (the NIXL side-channel port, carried in the legs' X-Request-Id) applies only to prefill and decode endpoints of a vLLM P/D rule; remove it")
+			}
+		}
+		if ep.P2PNcclPort != 0 {
+			if !validPort(ep.P2PNcclPort) {
+				return bad(CodeEndpointP2PNcclPort, p+".p2p_nccl_port", "p2p_nccl_port must be within 1..65535 (0 = none), got %d", ep.P2PNcclPort)
+			}
+			if a := adapterOf(r); !r.PDDisaggMode || a == nil || a.PD() == nil || !a.PD().KVPorts() || ep.EPRole == 0 {
+				return bad(CodeEndpointP2PNcclPort, p+".p2p_nccl_port", "p2p_nccl_port (the vLLM P2P-NCCL KV port) applies only to prefill and decode endpoints of a vLLM P/D rule; remove it")
 			}
 		}
 		if ep.BootstrapPort != 0 {
@@ -481,17 +490,23 @@ func checkPD(r *Rule) *AdmissionError {
 		if prefill == 0 || decode == 0 {
 			return bad(CodePDRoles, "endpoints", "pd_disagg_mode requires at least 1 prefill (ep_role 1) and 1 decode (ep_role 2) endpoint; got %d prefill and %d decode", prefill, decode)
 		}
-		// One connector per deployment: with KV ports on some endpoints
-		// only, some pairs would rendezvous by request id (P2P-NCCL) and
-		// others by the NIXL hand-off.
-		withKV := 0
+		// One connector per deployment: with P2P-NCCL ports on some
+		// endpoints only, some pairs would rendezvous by request id
+		// (P2P-NCCL) and others by the NIXL hand-off.
+		withP2P, withNixl := 0, 0
 		for _, ep := range r.Endpoints {
+			if ep.EPRole != 0 && ep.P2PNcclPort != 0 {
+				withP2P++
+			}
 			if ep.EPRole != 0 && ep.NixlPort != 0 {
-				withKV++
+				withNixl++
 			}
 		}
-		if withKV != 0 && withKV != prefill+decode {
-			return bad(CodeEndpointNixlPort, "endpoints", "nixl_port is set on %d of %d prefill and decode endpoints; vLLM's P2P-NCCL connector needs it on all of them (or on none, for NIXL)", withKV, prefill+decode)
+		switch {
+		case withP2P != 0 && withNixl != 0:
+			return bad(CodeEndpointP2PNcclPort, "endpoints", "p2p_nccl_port (P2P-NCCL) and nixl_port (NIXL) are both set; a deployment uses one vLLM KV connector: keep one of them")
+		case withP2P != 0 && withP2P != prefill+decode:
+			return bad(CodeEndpointP2PNcclPort, "endpoints", "p2p_nccl_port is set on %d of %d prefill and decode endpoints; vLLM's P2P-NCCL connector needs it on all of them (or on none, for NIXL)", withP2P, prefill+decode)
 		}
 		return nil
 	}

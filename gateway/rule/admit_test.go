@@ -158,10 +158,26 @@ func TestAdmitRules(t *testing.T) {
 			r.KVEngineType = "vllm"
 			r.Endpoints[0].NixlPort, r.Endpoints[1].NixlPort = 9001, 9002
 		}},
-		{name: "nixl port on some P/D endpoints only is refused", base: pdRule, mutate: func(r *Rule) {
+		{name: "nixl port on some P/D endpoints only (the others named by targetPort)", base: pdRule, mutate: func(r *Rule) {
 			r.KVEngineType = "vllm"
 			r.Endpoints[0].NixlPort = 9001
-		}, wantCode: CodeEndpointNixlPort},
+		}},
+		{name: "p2p nccl port out of range", base: pdRule, mutate: func(r *Rule) { r.KVEngineType = "vllm"; r.Endpoints[0].P2PNcclPort = 0x10000 }, wantCode: CodeEndpointP2PNcclPort},
+		{name: "p2p nccl port on a vLLM P/D rule", base: pdRule, mutate: func(r *Rule) {
+			r.KVEngineType = "vllm"
+			r.Endpoints[0].P2PNcclPort, r.Endpoints[1].P2PNcclPort = 9001, 9002
+		}},
+		{name: "p2p nccl port on some P/D endpoints only is refused", base: pdRule, mutate: func(r *Rule) {
+			r.KVEngineType = "vllm"
+			r.Endpoints[0].P2PNcclPort = 9001
+		}, wantCode: CodeEndpointP2PNcclPort},
+		{name: "p2p nccl port with nixl port is refused", base: pdRule, mutate: func(r *Rule) {
+			r.KVEngineType = "vllm"
+			r.Endpoints[0].P2PNcclPort, r.Endpoints[1].P2PNcclPort = 9001, 9002
+			r.Endpoints[0].NixlPort = 9003
+		}, wantCode: CodeEndpointP2PNcclPort},
+		{name: "p2p nccl port on a plain rule is refused", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].P2PNcclPort = 9001 }, wantCode: CodeEndpointP2PNcclPort},
+		{name: "p2p nccl port on an SGLang P/D rule is refused", base: pdRule, mutate: func(r *Rule) { r.Endpoints[0].P2PNcclPort = 9001 }, wantCode: CodeEndpointP2PNcclPort},
 		{name: "nixl port on a plain rule is refused", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].NixlPort = 9001 }, wantCode: CodeEndpointNixlPort},
 		{name: "nixl port on an SGLang P/D rule is refused", base: pdRule, mutate: func(r *Rule) { r.Endpoints[0].NixlPort = 9001 }, wantCode: CodeEndpointNixlPort},
 		{name: "endpoint bootstrap port on vllm", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].BootstrapPort = 9000 }, wantCode: CodeEndpointBootstrap},
