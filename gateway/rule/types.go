@@ -43,7 +43,9 @@ type Rule struct {
 	KVBlockSize   int     `json:"kvBlockSize,omitempty"`
 	KVZmqPort     int     `json:"kvZmqPort,omitempty"`
 	KVDpRankCount int     `json:"kvDpRankCount,omitempty"`
-	KVWarmupSec   int     `json:"kvWarmupSec,omitempty"`
+	// KVWarmupSec is accepted, stored and echoed for rules written for the
+	// reference gateway, and inert there as here: nothing reads it.
+	KVWarmupSec int `json:"kvWarmupSec,omitempty"`
 	// KVHitMinShare is the share of the prompt's full blocks the chosen
 	// endpoint must already hold for a KV-exact decision to count as a hit
 	// (X-Llmgw-Route "kv-exact hit=", llmgw_kv_hits_total, the decision's
