@@ -162,6 +162,11 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 		if err != nil {
 			return nil, fmt.Errorf("endpoint %s: %w", ep.ID, err)
 		}
+		if kvc.PolledOverHTTP() {
+			// A request sent to the worker, or answered, wakes its
+			// idle poller.
+			ep.OnActivity(g.Kick)
+		}
 		kv.ingest = append(kv.ingest, g)
 	}
 	return kv, nil
@@ -659,6 +664,7 @@ func (kv *kvRuntime) endpointStatus(i int) *EndpointKVStatus {
 		Ready: healthy && conn && inv, Healthy: healthy, EventsConnected: conn, InventoryOrProof: inv,
 		InventoryBlocks: kv.index.Blocks(i), Admission: st.Admission, LastSeq: st.LastSeq, Events: st.Events,
 		Resyncs: st.Resyncs, LastResyncReason: st.LastResyncReason, Malformed: st.Malformed, MalformedEvents: st.MalformedEvents, Dropped: st.Dropped,
+		Polls: st.Polls,
 	}
 }
 
@@ -770,6 +776,7 @@ func (kv *kvRuntime) canaryOnce(ctx context.Context, client *http.Client, i int,
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
+	kv.ingest[i].Kick() // its events are coming (a polled engine)
 	if resp.StatusCode != http.StatusOK {
 		return false, fmt.Errorf("canary answered %d", resp.StatusCode)
 	}

@@ -260,6 +260,7 @@ var (
 	descKVTokCacheEntries = prometheus.NewDesc("llmgw_kv_token_cache_entries", "Entries in a KV-exact rule's token cache.", []string{"rule"}, nil)
 	descKVTokCacheLookups = prometheus.NewDesc("llmgw_kv_token_cache_lookups_total", "Token cache lookups of a KV-exact rule by result (hit, miss); the hit ratio is hit over both.", []string{"rule", "result"}, nil)
 	descKVBroken          = prometheus.NewDesc("llmgw_kv_parity_broken", "1 when the self-check sees the engine's cache reuse disagree with the gateway's hashes.", []string{"rule"}, nil)
+	descKVPolls           = prometheus.NewDesc("llmgw_kv_event_polls_total", "KV event drains sent to an endpoint whose engine is polled over HTTP (TensorRT-LLM POST /kv_cache_events); the poller backs off to twice a second while the worker is idle.", []string{"rule", "endpoint"}, nil)
 	descKVWindow          = prometheus.NewDesc("llmgw_kv_window_decisions", "KV-exact decisions among the rule's last 100, by outcome (hit, or the miss reason of llmgw_kv_misses_total).", []string{"rule", "outcome"}, nil)
 	descKVWindowHitRatio  = prometheus.NewDesc("llmgw_kv_window_hit_ratio", "Hits over the KV-exact decisions among the rule's last 100 (0 with none).", []string{"rule"}, nil)
 	descKVWindowParity    = prometheus.NewDesc("llmgw_kv_window_parity_checks", "Self-checked responses among the rule's last 100 that agreed or mismatched, by outcome.", []string{"rule", "outcome"}, nil)
@@ -271,7 +272,7 @@ type kvCollector struct{ s *Server }
 
 func (c *kvCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descKVBlocks, descKVConnected, descKVEvents, descKVResyncs, descKVMalformed, descKVMalformedEvents, descKVBroken, descKVTokCacheBytes, descKVTokCacheEntries, descKVTokCacheLookups,
-		descKVWindow, descKVWindowHitRatio, descKVWindowParity, descRuleDegraded} {
+		descKVWindow, descKVWindowHitRatio, descKVWindowParity, descRuleDegraded, descKVPolls} {
 		ch <- d
 	}
 }
@@ -325,6 +326,9 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descKVResyncs, prometheus.CounterValue, float64(st.Resyncs), n, ep.ID)
 			ch <- prometheus.MustNewConstMetric(descKVMalformed, prometheus.CounterValue, float64(st.Malformed), n, ep.ID)
 			ch <- prometheus.MustNewConstMetric(descKVMalformedEvents, prometheus.CounterValue, float64(st.MalformedEvents), n, ep.ID)
+			if st.Admission != "" { // polled over HTTP (TensorRT-LLM)
+				ch <- prometheus.MustNewConstMetric(descKVPolls, prometheus.CounterValue, float64(st.Polls), n, ep.ID)
+			}
 		}
 	}
 }

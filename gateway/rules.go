@@ -306,6 +306,8 @@ type EndpointKVStatus struct {
 	Malformed        uint64 `json:"malformed"`
 	MalformedEvents  uint64 `json:"malformed_events"`
 	Dropped          uint64 `json:"dropped"`
+	// Polls counts the event drains sent (TensorRT-LLM); absent otherwise.
+	Polls uint64 `json:"polls,omitempty"`
 }
 
 // Rule returns rule name's effective configuration and live status.
