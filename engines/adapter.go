@@ -253,8 +253,8 @@ type PDProtocol interface {
 	Shape() PDShape
 
 	// LegRequestID is the X-Request-Id both legs carry: the client's id
-	// (p.RequestID), or a rendezvous id the engine derives the peer from
-	// (vLLM P2P-NCCL, when the pair has KV-transfer ports).
+	// (p.RequestID), or an id naming the pair's KV addresses (vLLM, when
+	// the pair has P2P-NCCL or NIXL ports).
 	LegRequestID(p *PDPair) string
 	// PrefillBody rewrites the client's JSON body for the prefill (context)
 	// leg. An error wraps ErrPDBody (the client's body is not a JSON object).
@@ -291,8 +291,10 @@ type PDProtocol interface {
 	// rendezvous shape (SGLang 8998); 0 when the engine has none, and then
 	// a rule may not name one.
 	BootstrapPort() int
-	// KVPorts reports whether the engine's hand-off can use per-endpoint
-	// KV-transfer ports (vLLM P2P-NCCL, rule field nixl_port).
+	// KVPorts reports whether per-endpoint KV-transfer ports mean
+	// something to the engine's hand-off (vLLM: nixl_port, the NIXL
+	// side-channel port the legs' request id names; p2p_nccl_port, the
+	// P2P-NCCL connector's).
 	KVPorts() bool
 }
 
@@ -323,9 +325,14 @@ type PDPair struct {
 	// BootstrapPort is the prefill's KV bootstrap port (SGLang); 0: the
 	// engine's default.
 	BootstrapPort int
-	// PrefillKVPort and DecodeKVPort are the endpoints' KV-transfer ports
-	// (vLLM P2P-NCCL); 0 when the rule names none.
+	// PrefillKVPort and DecodeKVPort are the endpoints' P2P-NCCL KV ports
+	// (vLLM, rule field p2p_nccl_port); 0 when the rule names none.
 	PrefillKVPort, DecodeKVPort int
+	// PrefillNixlPort and DecodeNixlPort are the endpoints' NIXL
+	// side-channel ports (vLLM, rule field nixl_port), which the reference
+	// gateway advertises in the legs' X-Request-Id; 0 when the rule names
+	// none.
+	PrefillNixlPort, DecodeNixlPort int
 	// Nonce is a fresh random value for this pair, below 2^63 (SGLang's
 	// bootstrap room, TensorRT-LLM's disagg_request_id, the P2P-NCCL id's
 	// tail).

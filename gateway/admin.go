@@ -273,6 +273,10 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 		ready = ready && st.Status.Ready
 	}
 	body := map[string]any{"ready": ready, "rules": detail}
+	// A degraded rule is a warning beside the verdict, never part of it.
+	if d := degradedRules(rules); len(d) > 0 {
+		body["degraded"] = d
+	}
 	if failing := s.acceptFailures(); len(failing) > 0 {
 		ready = false
 		body["ready"] = false

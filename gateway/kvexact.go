@@ -74,6 +74,9 @@ type kvRuntime struct {
 	// blocks a decision must match to count as a hit.
 	hitShare float64
 	parity   parityState
+	// health is the rule's recent window of decisions and self-checks
+	// (effectiveness, the degraded mark).
+	health *kvHealth
 	// canary records endpoints whose hash parity was proven by a canary
 	// check (a readiness condition when their inventory is empty).
 	canary []atomic.Bool
@@ -82,7 +85,7 @@ type kvRuntime struct {
 }
 
 func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme string, client *http.Client) (*kvRuntime, error) {
-	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: max(eff.CHWBL.LoadFactor, kvBoundFactor), scheme: scheme, client: client}
+	kv := &kvRuntime{mode: eff.KVExactMode, blockSize: eff.KVBlockSize, loadFactor: max(eff.CHWBL.LoadFactor, kvBoundFactor), scheme: scheme, client: client, health: newKVHealth()}
 	kv.hitShare = rule.DefaultKVHitMinShare
 	if eff.KVHitMinShare != nil {
 		kv.hitShare = *eff.KVHitMinShare
@@ -109,7 +112,7 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 	if a, err := engines.For(engines.Kind(eff.KVEngineType)); err == nil {
 		tokenizePath = a.Surfaces().Tokenize
 	}
-	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, eff.ModelName, tokenizePath, func() string {
+	if kv.tok, err = newKVTokenizer(eff.KVTokenizer, eff.ModelName, eff.KVChatTemplate, tokenizePath, func() string {
 		for _, ep := range pool {
 			if ep.Available() {
 				return scheme + "://" + ep.Addr
@@ -158,6 +161,11 @@ func newKVRuntime(s *Server, eff *rule.Rule, eps []*upstream.Endpoint, scheme st
 		g, err := kvindex.NewIngester(cfg, kv.index)
 		if err != nil {
 			return nil, fmt.Errorf("endpoint %s: %w", ep.ID, err)
+		}
+		if kvc.PolledOverHTTP() {
+			// A request sent to the worker, or answered, wakes its
+			// idle poller.
+			ep.OnActivity(g.Kick)
 		}
 		kv.ingest = append(kv.ingest, g)
 	}
@@ -625,6 +633,7 @@ func (s *Server) kvSelfCheck(rt *ruleRuntime, obs *kvObservation) {
 		outcome = "mismatch"
 	}
 	s.metrics.kvParity.WithLabelValues(rt.rule.Name, outcome).Inc()
+	rt.kv.health.check(outcome)
 	if raised {
 		s.log.Error("kv-exact hash parity broken: the engine's cache reuse does not match the gateway's prediction; "+rt.kv.parityHint(),
 			"rule", rt.rule.Name, "mismatches_in_a_row", parityThreshold, "last", detail)
@@ -655,6 +664,7 @@ func (kv *kvRuntime) endpointStatus(i int) *EndpointKVStatus {
 		Ready: healthy && conn && inv, Healthy: healthy, EventsConnected: conn, InventoryOrProof: inv,
 		InventoryBlocks: kv.index.Blocks(i), Admission: st.Admission, LastSeq: st.LastSeq, Events: st.Events,
 		Resyncs: st.Resyncs, LastResyncReason: st.LastResyncReason, Malformed: st.Malformed, MalformedEvents: st.MalformedEvents, Dropped: st.Dropped,
+		Polls: st.Polls,
 	}
 }
 
@@ -766,6 +776,7 @@ func (kv *kvRuntime) canaryOnce(ctx context.Context, client *http.Client, i int,
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
+	kv.ingest[i].Kick() // its events are coming (a polled engine)
 	if resp.StatusCode != http.StatusOK {
 		return false, fmt.Errorf("canary answered %d", resp.StatusCode)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 	"unsafe"
@@ -17,6 +18,7 @@ import (
 	"github.com/llmgw/llmgw/engines/tokenizer"
 	"github.com/llmgw/llmgw/gateway/idcache"
 	"github.com/llmgw/llmgw/gateway/openai"
+	"github.com/llmgw/llmgw/gateway/rule"
 )
 
 // errKVTokenize: the gateway could not turn the request into token ids; the
@@ -87,9 +89,11 @@ type cacheStats = idcache.Stats
 // (ask a worker's /tokenize), or a tokenizer source for the rule's model
 // (a tokenizer.json or .gguf path, or a models directory holding the
 // model's snapshot: tokenizer.Resolve). Admission refuses anything else.
-// cacheBytes bounds the rule's token cache (DefaultKVTokenCacheBytes when
-// not positive).
-func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, client *http.Client, cacheBytes int) (kvTokenizer, error) {
+// chatTemplate is the rule's kvChatTemplate file ("": the tokenizer's own
+// template); a local tokenizer left with no chat template is refused, since
+// every chat request would miss. cacheBytes bounds the rule's token cache
+// (DefaultKVTokenCacheBytes when not positive).
+func newKVTokenizer(spec, model, chatTemplate, tokenizePath string, engineURL func() string, client *http.Client, cacheBytes int) (kvTokenizer, error) {
 	if cacheBytes <= 0 {
 		cacheBytes = DefaultKVTokenCacheBytes
 	}
@@ -110,18 +114,31 @@ func newKVTokenizer(spec, model, tokenizePath string, engineURL func() string, c
 	if err != nil {
 		return nil, err
 	}
-	r, err := hf.ChatRenderer()
-	if err != nil && !errors.Is(err, tokenizer.ErrNoChatTemplate) {
-		return nil, err
+	var render *tokenizer.JinjaRenderer
+	if chatTemplate != "" {
+		text, err := os.ReadFile(chatTemplate)
+		if err != nil {
+			return nil, &rule.AdmissionError{Code: rule.CodeKVChatTemplate, Field: "kvChatTemplate", Message: fmt.Sprintf("kvChatTemplate %q: %v", chatTemplate, err)}
+		}
+		if render, err = hf.RendererFor(string(text)); err != nil {
+			return nil, &rule.AdmissionError{Code: rule.CodeKVChatTemplate, Field: "kvChatTemplate", Message: fmt.Sprintf("kvChatTemplate %q: %v", chatTemplate, err)}
+		}
+	} else {
+		r, err := hf.ChatRenderer()
+		switch {
+		case errors.Is(err, tokenizer.ErrNoChatTemplate):
+			return nil, &rule.AdmissionError{Code: rule.CodeKVTokenizer, Field: "kvTokenizer", Message: fmt.Sprintf(
+				"kvTokenizer %q: %v: KV-exact routing could not render chat requests as the engine does, so every one would miss; use the model's tokenizer files with its tokenizer_config.json (chat_template), or name the engine's template file with kvChatTemplate", spec, err)}
+		case err != nil:
+			return nil, err
+		}
+		render, _ = r.(*tokenizer.JinjaRenderer)
 	}
 	cache, err := newTokenCache(cacheBytes, hf)
 	if err != nil {
 		return nil, err
 	}
-	lt := &localTokenizer{tok: hf, cache: cache, prefixMinBytes: kvPrefixMinBytes}
-	if jr, ok := r.(*tokenizer.JinjaRenderer); ok {
-		lt.render = jr
-	}
+	lt := &localTokenizer{tok: hf, cache: cache, prefixMinBytes: kvPrefixMinBytes, render: render}
 	if id, add := hf.BOS(); add {
 		lt.bos = []uint32{id}
 	}
@@ -253,6 +270,9 @@ func (t *localTokenizer) text(dst []uint32, v *fastjson.Value, kind openai.Kind)
 		return text, dst, true, nil
 	default:
 		p := v.Get("prompt")
+		if ids, ok := givenIDs(dst, p); ok {
+			return "", ids, false, nil
+		}
 		switch p.Type() {
 		case fastjson.TypeString:
 			text = string(p.GetStringBytes())
@@ -261,25 +281,39 @@ func (t *localTokenizer) text(dst []uint32, v *fastjson.Value, kind openai.Kind)
 			if len(items) == 0 {
 				return "", dst, false, tokenizeErr("tokenize", "empty prompt")
 			}
-			switch items[0].Type() {
-			case fastjson.TypeNumber: // one prompt of token ids: used as given
-				for _, it := range items {
-					dst = append(dst, uint32(it.GetUint()))
-				}
-				return "", dst, false, nil
-			case fastjson.TypeString:
+			if items[0].Type() == fastjson.TypeString {
 				text = string(items[0].GetStringBytes())
-			case fastjson.TypeArray:
-				for _, it := range items[0].GetArray() {
-					dst = append(dst, uint32(it.GetUint()))
-				}
-				return "", dst, false, nil
 			}
 		default:
 			return "", dst, false, tokenizeErr("tokenize", "no prompt")
 		}
 	}
 	return text, append(dst, t.bos...), true, nil
+}
+
+// givenIDs appends the ids of a completions prompt given as token ids (one
+// prompt of ids, or the first of a list of them), which the engine uses as
+// given: no tokenizer, local or the engine's, is asked. ok is false when the
+// prompt is not ids. Every kvTokenizer goes through it.
+func givenIDs(dst []uint32, p *fastjson.Value) ([]uint32, bool) {
+	if p == nil || p.Type() != fastjson.TypeArray {
+		return dst, false
+	}
+	items := p.GetArray()
+	if len(items) == 0 {
+		return dst, false
+	}
+	switch items[0].Type() {
+	case fastjson.TypeNumber:
+	case fastjson.TypeArray:
+		items = items[0].GetArray()
+	default:
+		return dst, false
+	}
+	for _, it := range items {
+		dst = append(dst, uint32(it.GetUint()))
+	}
+	return dst, true
 }
 
 // tokenCache memoises tokenization by segment. Special-token text splits a
@@ -448,6 +482,9 @@ func (t *engineTokenizer) tokens(ctx context.Context, dst []uint32, v *fastjson.
 		}
 		body = append(body, '}')
 	default:
+		if ids, ok := givenIDs(dst, v.Get("prompt")); ok {
+			return ids, nil
+		}
 		body = fmt.Appendf(nil, `{"model":%s,"prompt":%s}`, v.Get("model"), v.Get("prompt"))
 	}
 	if dst, ok := t.cache.AppendBytes(dst, body); ok {

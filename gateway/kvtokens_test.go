@@ -130,7 +130,7 @@ func TestKVTokenizerBOS(t *testing.T) {
 			if tc.source != "" {
 				src = testfix.Path(t, tc.source)
 			}
-			kt, err := newKVTokenizer(src, "m", "", nil, nil, 0)
+			kt, err := newKVTokenizer(src, "m", "", "", nil, nil, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

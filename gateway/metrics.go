@@ -235,8 +235,10 @@ func (c *liveCollector) Collect(ch chan<- prometheus.Metric) {
 
 func breakerValue(s upstream.BreakerState) int { return int(s) }
 
-// kvObserve records one KV-exact decision.
-func (m *metrics) kvObserve(rule string, c *kvChoice) {
+// kvObserve records one KV-exact decision of kv's rule (its counters and
+// its recent window).
+func (m *metrics) kvObserve(rule string, kv *kvRuntime, c *kvChoice) {
+	kv.health.decision(c)
 	if c.ep != nil && c.hit {
 		m.kvHits.WithLabelValues(rule, c.ep.ID).Inc()
 	} else {
@@ -258,13 +260,19 @@ var (
 	descKVTokCacheEntries = prometheus.NewDesc("llmgw_kv_token_cache_entries", "Entries in a KV-exact rule's token cache.", []string{"rule"}, nil)
 	descKVTokCacheLookups = prometheus.NewDesc("llmgw_kv_token_cache_lookups_total", "Token cache lookups of a KV-exact rule by result (hit, miss); the hit ratio is hit over both.", []string{"rule", "result"}, nil)
 	descKVBroken          = prometheus.NewDesc("llmgw_kv_parity_broken", "1 when the self-check sees the engine's cache reuse disagree with the gateway's hashes.", []string{"rule"}, nil)
+	descKVPolls           = prometheus.NewDesc("llmgw_kv_event_polls_total", "KV event drains sent to an endpoint whose engine is polled over HTTP (TensorRT-LLM POST /kv_cache_events); the poller backs off to twice a second while the worker is idle.", []string{"rule", "endpoint"}, nil)
+	descKVWindow          = prometheus.NewDesc("llmgw_kv_window_decisions", "KV-exact decisions among the rule's last 100, by outcome (hit, or the miss reason of llmgw_kv_misses_total).", []string{"rule", "outcome"}, nil)
+	descKVWindowHitRatio  = prometheus.NewDesc("llmgw_kv_window_hit_ratio", "Hits over the KV-exact decisions among the rule's last 100 (0 with none).", []string{"rule"}, nil)
+	descKVWindowParity    = prometheus.NewDesc("llmgw_kv_window_parity_checks", "Self-checked responses among the rule's last 100 that agreed or mismatched, by outcome.", []string{"rule", "outcome"}, nil)
+	descRuleDegraded      = prometheus.NewDesc("llmgw_rule_degraded", "1 while the rule serves degraded for the cause (kv_tokenize: half or more of its last 100 KV-exact decisions, at least 10, failed to tokenize; kv_parity: half or more of its last 100 self-checked responses, at least 10, mismatched, or the parity streak broke); a warning, the rule stays ready.", []string{"rule", "cause"}, nil)
 )
 
 // kvCollector reads KV ingestion state at scrape time.
 type kvCollector struct{ s *Server }
 
 func (c *kvCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descKVBlocks, descKVConnected, descKVEvents, descKVResyncs, descKVMalformed, descKVMalformedEvents, descKVBroken, descKVTokCacheBytes, descKVTokCacheEntries, descKVTokCacheLookups} {
+	for _, d := range []*prometheus.Desc{descKVBlocks, descKVConnected, descKVEvents, descKVResyncs, descKVMalformed, descKVMalformedEvents, descKVBroken, descKVTokCacheBytes, descKVTokCacheEntries, descKVTokCacheLookups,
+		descKVWindow, descKVWindowHitRatio, descKVWindowParity, descRuleDegraded, descKVPolls} {
 		ch <- d
 	}
 }
@@ -285,6 +293,22 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 			broken = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descKVBroken, prometheus.GaugeValue, broken, n)
+		ws := rt.kv.health.status()
+		ch <- prometheus.MustNewConstMetric(descKVWindow, prometheus.GaugeValue, float64(ws.Hits), n, "hit")
+		for _, o := range kvOutcomes[1:] {
+			ch <- prometheus.MustNewConstMetric(descKVWindow, prometheus.GaugeValue, float64(ws.Misses[o]), n, o)
+		}
+		ch <- prometheus.MustNewConstMetric(descKVWindowHitRatio, prometheus.GaugeValue, ws.HitShare, n)
+		ch <- prometheus.MustNewConstMetric(descKVWindowParity, prometheus.GaugeValue, float64(ws.ParityChecked-ws.ParityMismatches), n, "agree")
+		ch <- prometheus.MustNewConstMetric(descKVWindowParity, prometheus.GaugeValue, float64(ws.ParityMismatches), n, "mismatch")
+		causes := degraded(ws, rt.kv.parity.status())
+		for _, c := range kvDegradeCauses {
+			on := 0.0
+			if _, ok := causes[c]; ok {
+				on = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descRuleDegraded, prometheus.GaugeValue, on, n, c)
+		}
 		cs := rt.kv.tok.cacheStats()
 		ch <- prometheus.MustNewConstMetric(descKVTokCacheBytes, prometheus.GaugeValue, float64(cs.Bytes), n)
 		ch <- prometheus.MustNewConstMetric(descKVTokCacheEntries, prometheus.GaugeValue, float64(cs.Entries), n)
@@ -302,6 +326,9 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descKVResyncs, prometheus.CounterValue, float64(st.Resyncs), n, ep.ID)
 			ch <- prometheus.MustNewConstMetric(descKVMalformed, prometheus.CounterValue, float64(st.Malformed), n, ep.ID)
 			ch <- prometheus.MustNewConstMetric(descKVMalformedEvents, prometheus.CounterValue, float64(st.MalformedEvents), n, ep.ID)
+			if st.Admission != "" { // polled over HTTP (TensorRT-LLM)
+				ch <- prometheus.MustNewConstMetric(descKVPolls, prometheus.CounterValue, float64(st.Polls), n, ep.ID)
+			}
 		}
 	}
 }

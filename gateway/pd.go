@@ -58,9 +58,11 @@ type pdRuntime struct {
 	proto    engines.PDProtocol
 	label    string // route prefix: "pd-" + the engine kind
 	bootPort int    // the rule's pdBootstrapPort (rendezvous shape)
-	// kvPort is each endpoint's KV-transfer port (nixl_port), by endpoint
-	// id; absent when the rule names none.
+	// kvPort is each endpoint's P2P-NCCL port (p2p_nccl_port), nixlPort
+	// its NIXL side-channel port (nixl_port), by endpoint id; absent when
+	// the rule names none.
 	kvPort    map[string]int
+	nixlPort  map[string]int
 	bootOf    map[string]int // per-prefill bootstrapPort, by endpoint id
 	prefill   []*upstream.Endpoint
 	decode    []*upstream.Endpoint
@@ -81,10 +83,13 @@ func newPDRuntime(eff *rule.Rule, eps []*upstream.Endpoint, tlsCfg *tls.Config, 
 		return nil, fmt.Errorf("gateway: %s has no prefill/decode protocol", a.Display())
 	}
 	pd := &pdRuntime{engine: a, proto: a.PD(), label: "pd-" + string(a.Kind()), bootPort: eff.PDBootstrapPort, scheme: scheme,
-		kvPort: map[string]int{}, bootOf: map[string]int{}}
+		kvPort: map[string]int{}, nixlPort: map[string]int{}, bootOf: map[string]int{}}
 	for _, e := range eff.Endpoints {
+		if e.P2PNcclPort != 0 {
+			pd.kvPort[e.ID] = e.P2PNcclPort
+		}
 		if e.NixlPort != 0 {
-			pd.kvPort[e.ID] = e.NixlPort
+			pd.nixlPort[e.ID] = e.NixlPort
 		}
 		if e.BootstrapPort != 0 {
 			pd.bootOf[e.ID] = e.BootstrapPort
@@ -263,7 +268,7 @@ func (r *pdRequest) pick(exP *upstream.Endpoint) (*upstream.Endpoint, *upstream.
 	r.kvc = kvChoice{}
 	if P == nil && r.rt.kv != nil {
 		r.kvc = r.rt.kv.route(r.ctx, &r.kvs, r.v, r.kind, exP)
-		r.s.metrics.kvObserve(r.rt.rule.Name, &r.kvc)
+		r.s.metrics.kvObserve(r.rt.rule.Name, r.rt.kv, &r.kvc)
 		if r.kvc.ep != nil {
 			P, how = r.kvc.ep, r.kvc.routeLabel()
 		}
@@ -305,15 +310,17 @@ func (r *pdRequest) pair(P, D *upstream.Endpoint) *engines.PDPair {
 		boot = b
 	}
 	return &engines.PDPair{
-		RequestID:     r.id,
-		PrefillHost:   P.Host,
-		PrefillPort:   P.Port,
-		DecodeHost:    D.Host,
-		DecodePort:    D.Port,
-		BootstrapPort: boot,
-		PrefillKVPort: r.pd.kvPort[P.ID],
-		DecodeKVPort:  r.pd.kvPort[D.ID],
-		Nonce:         rand.Uint64() & (1<<63 - 1),
+		RequestID:       r.id,
+		PrefillHost:     P.Host,
+		PrefillPort:     P.Port,
+		DecodeHost:      D.Host,
+		DecodePort:      D.Port,
+		BootstrapPort:   boot,
+		PrefillKVPort:   r.pd.kvPort[P.ID],
+		DecodeKVPort:    r.pd.kvPort[D.ID],
+		PrefillNixlPort: r.pd.nixlPort[P.ID],
+		DecodeNixlPort:  r.pd.nixlPort[D.ID],
+		Nonce:           rand.Uint64() & (1<<63 - 1),
 	}
 }
 

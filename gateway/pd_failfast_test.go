@@ -240,20 +240,20 @@ func TestPDDecisionsAndSel(t *testing.T) {
 // disaggregated_serving_p2p_nccl_xpyd/disagg_proxy_p2p_nccl_xpyd.py).
 var p2pID = regexp.MustCompile(`^___prefill_addr_127\.0\.0\.1:(\d+)___decode_addr_127\.0\.0\.1:(\d+)_[0-9a-f]{32}$`)
 
-// TestPDVLLMP2PNCCLRequestID: with nixl_port set, both legs carry one
+// TestPDVLLMP2PNCCLRequestID: with p2p_nccl_port set, both legs carry one
 // P2P-NCCL request id naming the prefill's and the decode's KV ports;
 // without it, the client's id.
 func TestPDVLLMP2PNCCLRequestID(t *testing.T) {
 	const prefillOK = `{"id":"x","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":"length"}]}`
 	for _, withPorts := range []bool{true, false} {
-		t.Run(fmt.Sprintf("nixl_port=%v", withPorts), func(t *testing.T) {
+		t.Run(fmt.Sprintf("p2p_nccl_port=%v", withPorts), func(t *testing.T) {
 			p := newPDScripted(t, answer(200, prefillOK))
 			d := newPDScripted(t, answer(200, prefillOK))
 			ph, pp := hostPort(t, p.addr)
 			dh, dp := hostPort(t, d.addr)
 			extraP, extraD := "", ""
 			if withPorts {
-				extraP, extraD = ", nixl_port: 9001", ", nixl_port: 9002"
+				extraP, extraD = ", p2p_nccl_port: 9001", ", p2p_nccl_port: 9002"
 			}
 			s := startGateway(t, "", nil)
 			mustApply(t, s, fmt.Sprintf("name: pd\nmodel_name: m\nkvEngineType: vllm\npd_disagg_mode: true\nprobe: {disabled: true}\nendpoints:\n"+

@@ -445,3 +445,62 @@ func TestPDSGLangPrefillRejectionAndRetry(t *testing.T) {
 		}
 	})
 }
+
+// TestPDVLLMNixlPortKeepsTheNixlHandOff: nixl_port means what it means in
+// the reference gateway, the NIXL side-channel port named in the legs'
+// X-Request-Id; the pair keeps the NIXL hand-off (the prefill is asked for
+// do_remote_decode and its kv_transfer_params reach the decode, which pulls
+// the KV). It used to switch the pair to P2P-NCCL silently: no hand-off,
+// and the decode recomputed. p2p_nccl_port is that connector's field.
+func TestPDVLLMNixlPortKeepsTheNixlHandOff(t *testing.T) {
+	cases := []struct {
+		name, field string
+		wantNixl    bool // the NIXL hand-off is carried
+	}{
+		{"nixl_port", "nixl_port", true},
+		{"p2p_nccl_port", "p2p_nccl_port", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RolePrefill})
+			d := startSimT(t, sim.Config{Engine: engines.VLLM, Role: sim.RoleDecode})
+			ph, pp := hostPort(t, p.Addrs().HTTP)
+			dh, dp := hostPort(t, d.Addrs().HTTP)
+			s := startGateway(t, "", nil)
+			mustApply(t, s, fmt.Sprintf("name: pd\nmodel_name: m\nkvEngineType: vllm\npd_disagg_mode: true\nprobe: {disabled: true}\nendpoints:\n"+
+				"  - {id: p1, endpointIP: %s, targetPort: %d, ep_role: 1, %s: 9001}\n  - {id: d1, endpointIP: %s, targetPort: %d, ep_role: 2, %s: 9002}\n", ph, pp, tc.field, dh, dp, tc.field))
+			body := fmt.Sprintf(`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"%s"}]}`, strings.Repeat("tell me about disaggregation ", 8))
+			resp, out := post(t, newClient(t), "http://"+s.Addr()+"/v1/chat/completions", body, "X-Request-Id", "client-1")
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, out)
+			}
+			pr, dr := p.Receipts(), d.Receipts()
+			if len(pr) != 1 || len(dr) != 1 {
+				t.Fatalf("receipts: prefill %d, decode %d; want 1 each", len(pr), len(dr))
+			}
+			// Both legs name the pair's ports, as the reference gateway does.
+			m := p2pID.FindStringSubmatch(pr[0].RequestID)
+			if m == nil || m[1] != "9001" || m[2] != "9002" || dr[0].RequestID != pr[0].RequestID {
+				t.Errorf("leg ids %q, %q; want one id naming ports 9001 and 9002", pr[0].RequestID, dr[0].RequestID)
+			}
+			proto := engines.MustFor(engines.VLLM).PD()
+			pl, _ := proto.ParseHandOff(pr[0].HandOff)
+			route := resp.Header.Get("X-Llmgw-Route")
+			if !tc.wantNixl {
+				if pl.Role != engines.PDLegNone || len(dr[0].HandOff) != 0 {
+					t.Errorf("P2P-NCCL legs carry hand-off fields: prefill %s, decode %s", pr[0].HandOff, dr[0].HandOff)
+				}
+				return
+			}
+			if pl.Role != engines.PDLegPrefill {
+				t.Errorf("prefill hand-off %s: not asked for do_remote_decode", pr[0].HandOff)
+			}
+			if dl, err := proto.ParseHandOff(dr[0].HandOff); err != nil || dl.Role != engines.PDLegDecode || dr[0].RemotePrefillTokens == 0 {
+				t.Errorf("decode hand-off %s (%v), %d remote tokens: the decode did not pull the prefill's KV", dr[0].HandOff, err, dr[0].RemotePrefillTokens)
+			}
+			if strings.Contains(route, "recompute") {
+				t.Errorf("route %q: the decode recomputed", route)
+			}
+		})
+	}
+}

@@ -217,7 +217,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, key string, kind open
 	if rt.kv != nil {
 		st.kvc = rt.kv.route(ctx, &st.kv, v, kind, nil)
 		kvc = &st.kvc
-		s.metrics.kvObserve(rt.rule.Name, kvc)
+		s.metrics.kvObserve(rt.rule.Name, rt.kv, kvc)
 	}
 	s.forward(ctx, rt, st, st.oreq.Stream, start, kvc)
 }

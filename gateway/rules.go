@@ -33,6 +33,9 @@ func (s *Server) Apply(r *rule.Rule, create bool) (*rule.Rule, error) {
 	if err := checkTokenizerPath(r.KVTokenizer); err != nil {
 		return nil, err
 	}
+	if err := checkTemplatePath(r.KVChatTemplate); err != nil {
+		return nil, err
+	}
 	// A discovered rule's endpoints are resolved before the lock (the
 	// source's first sync takes s.mu-free time); its field checks run
 	// first so that a malformed rule starts no watch.
@@ -262,6 +265,15 @@ type RuleLiveStatus struct {
 	KVReady *bool `json:"kv_ready,omitempty"`
 	// KVParity is the KV-exact self-check (KV-exact rules only).
 	KVParity *ParityStatus `json:"kv_parity,omitempty"`
+	// KVWindow is KV-exact effectiveness over the rule's recent decisions
+	// (KV-exact rules only).
+	KVWindow *KVWindowStatus `json:"kv_window,omitempty"`
+	// Degraded says why the rule serves degraded, a warning and not an
+	// outage (Ready is unchanged): "cause: sentence", causes joined by
+	// "; " (kv_tokenize, kv_parity: see kvhealth.go); empty when it does
+	// not. DegradedCauses holds the same by cause.
+	Degraded       string            `json:"degraded,omitempty"`
+	DegradedCauses map[string]string `json:"degraded_causes,omitempty"`
 }
 
 // EndpointStatus is one endpoint's live state.
@@ -294,6 +306,8 @@ type EndpointKVStatus struct {
 	Malformed        uint64 `json:"malformed"`
 	MalformedEvents  uint64 `json:"malformed_events"`
 	Dropped          uint64 `json:"dropped"`
+	// Polls counts the event drains sent (TensorRT-LLM); absent otherwise.
+	Polls uint64 `json:"polls,omitempty"`
 }
 
 // Rule returns rule name's effective configuration and live status.
@@ -364,7 +378,11 @@ func (rt *ruleRuntime) status(addr string) *RuleStatus {
 			}
 		}
 		ps := kv.parity.status()
-		st.Status.KVReady, st.Status.KVParity = &anyReady, &ps
+		ws := kv.health.status()
+		st.Status.KVReady, st.Status.KVParity, st.Status.KVWindow = &anyReady, &ps, &ws
+		if causes := degraded(ws, ps); len(causes) > 0 {
+			st.Status.Degraded, st.Status.DegradedCauses = degradedText(causes), causes
+		}
 	}
 	return st
 }

@@ -29,34 +29,53 @@ func checkTokenizerPath(path string) error {
 	case "", "builtin", "engine":
 		return nil
 	}
+	return checkSideFile(path, rule.CodeKVTokenizer, "kvTokenizer", true, maxTokenizerFileBytes)
+}
+
+// maxChatTemplateFileBytes bounds a kvChatTemplate file (templates are
+// kilobytes).
+const maxChatTemplateFileBytes = 1 << 20
+
+// checkTemplatePath vets a kvChatTemplate as checkTokenizerPath does a
+// kvTokenizer: a bounded regular file, opened without blocking.
+func checkTemplatePath(path string) error {
+	if path == "" {
+		return nil
+	}
+	return checkSideFile(path, rule.CodeKVChatTemplate, "kvChatTemplate", false, maxChatTemplateFileBytes)
+}
+
+func checkSideFile(path, code, field string, dirOK bool, limit int64) error {
 	bad := func(format string, a ...any) error {
-		return &rule.AdmissionError{Code: rule.CodeKVTokenizer, Field: "kvTokenizer", Message: fmt.Sprintf(format, a...)}
+		return &rule.AdmissionError{Code: code, Field: field, Message: fmt.Sprintf(format, a...)}
 	}
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return bad("kvTokenizer %q cannot be opened: %v", path, err)
+		return bad("%s %q cannot be opened: %v", field, path, err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return bad("kvTokenizer %q: %v", path, err)
+		return bad("%s %q: %v", field, path, err)
 	}
 	switch {
-	case st.IsDir():
+	case st.IsDir() && dirOK:
 		return nil
 	case !st.Mode().IsRegular():
-		return bad("kvTokenizer %q is a %s, not a regular file", path, fileKind(st.Mode()))
-	case st.Size() > maxTokenizerFileBytes && !strings.HasSuffix(strings.ToLower(path), ".gguf"):
+		return bad("%s %q is a %s, not a regular file", field, path, fileKind(st.Mode()))
+	case st.Size() > limit && !(dirOK && strings.HasSuffix(strings.ToLower(path), ".gguf")):
 		// A .gguf model file (gigabytes) is read for its metadata header
 		// only, where the tokenizer's vocabulary lives; other files are
 		// read whole.
-		return bad("kvTokenizer %q is %d bytes; the limit is %d", path, st.Size(), maxTokenizerFileBytes)
+		return bad("%s %q is %d bytes; the limit is %d", field, path, st.Size(), limit)
 	}
 	return nil
 }
 
 func fileKind(m os.FileMode) string {
 	switch {
+	case m.IsDir():
+		return "directory"
 	case m&os.ModeNamedPipe != 0:
 		return "named pipe (FIFO)"
 	case m&os.ModeSocket != 0:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -177,6 +178,17 @@ func (t *HF) ChatRenderer() (Renderer, error) {
 		t.renderer = r
 	})
 	return t.renderer, t.renderErr
+}
+
+// RendererFor compiles template (a chat template given apart from the
+// tokenizer's own files, e.g. a rule's kvChatTemplate, as vLLM's
+// --chat-template) with the tokenizer's special-token variables
+// (bos_token, eos_token, ...), as ChatRenderer does with its own.
+func (t *HF) RendererFor(template string) (*JinjaRenderer, error) {
+	if strings.TrimSpace(template) == "" {
+		return nil, fmt.Errorf("%w: the given template is empty", ErrNoChatTemplate)
+	}
+	return NewJinjaRenderer(template, t.specialVars)
 }
 
 var _ Renderer = (*JinjaRenderer)(nil)

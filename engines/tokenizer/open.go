@@ -2,8 +2,10 @@ package tokenizer
 
 import (
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -150,4 +152,56 @@ func Open(source, model string) (*HF, error) {
 	}
 	openCache.Unlock()
 	return t, nil
+}
+
+// maxChatTemplateSource bounds the side files CheckChatTemplate reads (a
+// tokenizer_config.json is kilobytes; a few hold a long template).
+const maxChatTemplateSource = 16 << 20
+
+// CheckChatTemplate reports whether the tokenizer at path (a file as
+// Resolve returns it) comes with the chat template its loader uses: for a
+// tokenizer.json, a chat_template in the tokenizer_config.json beside it or
+// a chat_template.jinja beside it (LoadHF). It reads only those side files;
+// a .gguf carries its template in its metadata, read when it is loaded, and
+// is not checked here. The error wraps ErrNoChatTemplate and names what is
+// missing.
+func CheckChatTemplate(path string) error {
+	if strings.HasSuffix(strings.ToLower(path), ".gguf") {
+		return nil
+	}
+	dir := filepath.Dir(path)
+	tplPath := filepath.Join(dir, "chat_template.jinja")
+	if st, err := os.Stat(tplPath); err == nil && st.Mode().IsRegular() && st.Size() > 0 {
+		return nil
+	}
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	f, err := os.Open(cfgPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: %s has no tokenizer_config.json beside it (nor a chat_template.jinja)", ErrNoChatTemplate, path)
+	}
+	if err != nil {
+		return fmt.Errorf("tokenizer: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxChatTemplateSource+1))
+	if err != nil {
+		return fmt.Errorf("tokenizer: read %s: %w", cfgPath, err)
+	}
+	if len(data) > maxChatTemplateSource {
+		return fmt.Errorf("tokenizer: %s is larger than %d bytes", cfgPath, maxChatTemplateSource)
+	}
+	var c struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		return fmt.Errorf("tokenizer: parse %s: %w", cfgPath, err)
+	}
+	tpl, err := chatTemplateText(c.ChatTemplate)
+	if err != nil {
+		return fmt.Errorf("%s: %w", cfgPath, err)
+	}
+	if tpl == "" {
+		return fmt.Errorf("%w: %s has no chat_template (and there is no chat_template.jinja beside it)", ErrNoChatTemplate, cfgPath)
+	}
+	return nil
 }

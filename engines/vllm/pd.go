@@ -20,8 +20,13 @@ import (
 //     nixl_connector.py; the toy proxy
 //     tests/v1/kv_connector/nixl_integration/toy_proxy_server.py sends the
 //     same prefill object.
-//   - P2P-NCCL (P2pNcclConnector), when the rule gives endpoints KV ports
-//     (nixl_port): no hand-off fields; both legs carry the X-Request-Id
+//     With nixl_port (the NIXL side-channel port, as the reference gateway
+//     means it) the hand-off is the same and both legs carry the id below
+//     naming those ports, as the reference gateway sends them
+//     (___prefill_addr_<P ip>:<P nixl_port|port>___decode_addr_..., its
+//     §10.1); NixlConnector itself reads its peer from kv_transfer_params.
+//   - P2P-NCCL (P2pNcclConnector), when the rule gives endpoints
+//     p2p_nccl_port: no hand-off fields; both legs carry the X-Request-Id
 //     "___prefill_addr_<host>:<port>___decode_addr_<host>:<port>_<32 hex>"
 //     from which each side parses its peer. Format: vllm-project/vllm
 //     examples/online_serving/disaggregated_serving_p2p_nccl_xpyd/
@@ -43,18 +48,27 @@ func (pd) KVPorts() bool          { return true }
 // p2p reports whether the pair uses the P2P-NCCL connector.
 func p2p(p *engines.PDPair) bool { return p.PrefillKVPort != 0 || p.DecodeKVPort != 0 }
 
-// LegRequestID: the client's id for NIXL; the P2P-NCCL rendezvous id when
-// the pair has KV ports (an endpoint without one uses its HTTP port, as the
-// reference gateway does). The tail is 32 hex digits like uuid4().hex and
+// nixlPorts reports whether the pair names NIXL side-channel ports.
+func nixlPorts(p *engines.PDPair) bool { return p.PrefillNixlPort != 0 || p.DecodeNixlPort != 0 }
+
+// LegRequestID: the client's id for NIXL without ports; the id naming the
+// pair's ports when it has P2P-NCCL ports (the rendezvous id) or NIXL ports
+// (the reference gateway's id). An endpoint without one uses its HTTP port,
+// as the reference gateway does. The tail is 32 hex digits like uuid4().hex and
 // holds no colon, so the engine's greedy "(.*):(\d+)" still finds the
 // address. IPv6 hosts are written unbracketed: the regexes split on the
 // last colon; whether the connector then dials an IPv6 literal correctly
 // is not established from the source.
 func (pd) LegRequestID(p *engines.PDPair) string {
-	if !p2p(p) {
+	var pp, dp int
+	switch {
+	case p2p(p):
+		pp, dp = p.PrefillKVPort, p.DecodeKVPort
+	case nixlPorts(p):
+		pp, dp = p.PrefillNixlPort, p.DecodeNixlPort
+	default:
 		return p.RequestID
 	}
-	pp, dp := p.PrefillKVPort, p.DecodeKVPort
 	if pp == 0 {
 		pp = p.PrefillPort
 	}

@@ -33,8 +33,15 @@ var (
 
 // Defaults for the zero values of IngestConfig.
 const (
-	DefaultPollMin          = 5 * time.Millisecond
-	DefaultPollMax          = 20 * time.Millisecond
+	DefaultPollMin = 5 * time.Millisecond
+	// DefaultPollMax bounds the idle back-off: an idle TensorRT-LLM worker
+	// is drained twice a second instead of about 46 times (the reference
+	// gateway's 20 ms bound). Events are never waited for that long after
+	// this gateway sends the worker a request or gets its answer: Kick
+	// polls at once and the cadence restarts at PollMin. It stays well below trtllm-serve's
+	// keep-alive (uvicorn, 5 s: engines/trtllm.IdleTimeout), so the
+	// drains reuse one connection.
+	DefaultPollMax          = 500 * time.Millisecond
 	DefaultMaxResponseBytes = 64 << 20
 	DefaultAdmissionRetry   = 5 * time.Second
 	DefaultAdmissionRecheck = 60 * time.Second
@@ -70,7 +77,8 @@ type IngestConfig struct {
 	HTTPBase string
 	// PollMin and PollMax bound the adaptive poll interval: it starts at
 	// PollMin, grows ×1.5 per empty response up to PollMax and returns to
-	// PollMin when events arrive. Defaults 5 ms and 20 ms.
+	// PollMin when events arrive or Kick is called. Defaults 5 ms and
+	// 500 ms.
 	PollMin, PollMax time.Duration
 	// MaxResponseBytes caps one /kv_cache_events body (default 64 MiB). A
 	// larger body is a lost drain: the inventory is cleared.
@@ -161,6 +169,10 @@ type IngestState struct {
 	LastEvent time.Time
 	// Streams details each ZMQ stream (or the TRT poller).
 	Streams []StreamState
+	// Polls counts TRT drain requests sent; PollInterval is the wait
+	// before the next one (0 for vLLM and SGLang).
+	Polls        uint64
+	PollInterval time.Duration
 }
 
 // Ingester feeds one endpoint's KV-cache events into an Index and tracks the
@@ -180,6 +192,11 @@ type Ingester struct {
 	streams []streamSeq
 	subs    []*kvevents.Subscriber
 	trt     *trtState // nil unless Engine is trtllm
+
+	// kick wakes the TRT poller (Kick); sleep is its wait, replaced by
+	// tests that count the schedule instead of waiting it out.
+	kick  chan struct{}
+	sleep func(ctx context.Context, d time.Duration, kick <-chan struct{}) (ok, kicked bool)
 }
 
 type streamSeq struct {
@@ -206,7 +223,7 @@ func NewIngester(cfg IngestConfig, x *Index) (*Ingester, error) {
 	if cfg.BlockSize < 0 || cfg.BlockSize > kvhash.MaxBlockSize {
 		return nil, fmt.Errorf("%w: block size %d out of range", ErrConfig, cfg.BlockSize)
 	}
-	g := &Ingester{cfg: cfg, x: x, log: cfg.Logger}
+	g := &Ingester{cfg: cfg, x: x, log: cfg.Logger, kick: make(chan struct{}, 1), sleep: pollSleep}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}

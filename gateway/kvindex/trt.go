@@ -190,6 +190,9 @@ func (g *Ingester) runTRT(ctx context.Context) error {
 				continue
 			}
 		}
+		g.mu.Lock()
+		g.st.Polls++
+		g.mu.Unlock()
 		body, err := g.drain(ctx, client)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -213,9 +216,45 @@ func (g *Ingester) runTRT(ctx context.Context) error {
 		g.st.Connected, everConnected = true, true
 		g.mu.Unlock()
 		interval = nextPoll(interval, g.cfg.PollMin, g.cfg.PollMax, g.applyTRTBody(body) > 0)
-		if !sleepCtx(ctx, interval) {
+		g.mu.Lock()
+		g.st.PollInterval = interval
+		g.mu.Unlock()
+		ok, kicked := g.sleep(ctx, interval, g.kick)
+		if !ok {
 			return ctx.Err()
 		}
+		if kicked {
+			// A request went to the worker: poll now, and at PollMin
+			// until its events are in.
+			interval = g.cfg.PollMin
+		}
+	}
+}
+
+// Kick tells a TensorRT-LLM poller that events are coming (the gateway
+// just sent the worker a request): it polls at once and restarts its
+// cadence at PollMin. It never blocks; for vLLM and SGLang it does nothing.
+func (g *Ingester) Kick() {
+	if g.trt == nil {
+		return
+	}
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// pollSleep waits d, or less when kicked; ok is false when ctx ended.
+func pollSleep(ctx context.Context, d time.Duration, kick <-chan struct{}) (ok, kicked bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, false
+	case <-kick:
+		return true, true
+	case <-t.C:
+		return true, false
 	}
 }
 

@@ -83,6 +83,7 @@ const (
 	CodeEndpointWeight       = "endpoint_weight" // ref V19
 	CodeEndpointRole         = "endpoint_role"
 	CodeEndpointNixlPort     = "endpoint_nixl_port"
+	CodeEndpointP2PNcclPort  = "endpoint_p2p_nccl_port"
 	CodeEndpointBootstrap    = "endpoint_bootstrap_port"
 	CodeEndpointEvents       = "endpoint_events_endpoint"
 	CodeEndpointID           = "endpoint_id"
@@ -110,6 +111,7 @@ const (
 	CodeKVWarmupSec          = "kv_warmup_sec"
 	CodeKVHitMinShare        = "kv_hit_min_share"
 	CodeKVTokenizer          = "kv_tokenizer"
+	CodeKVChatTemplate       = "kv_chat_template"
 	CodeSessionHeader        = "session_header"
 	CodeSessionHeaderSel     = "session_header_sel"
 	CodeSessionTTL           = "session_ttl"
@@ -212,7 +214,7 @@ func Admit(r *Rule, existing *Rule, others []*Rule) error {
 	}
 	for _, check := range []func(*Rule) *AdmissionError{
 		checkName, checkMode, checkSel, checkReadBackNames, checkEndpoints, checkPD, checkKVExact,
-		checkEngine, checkKVExactSel, checkKVFields, checkTokenizer, checkSession, checkCHWBL,
+		checkEngine, checkKVExactSel, checkKVFields, checkTokenizer, checkChatTemplate, checkSession, checkCHWBL,
 		checkProbe, checkCB, checkTimeouts, checkListen, checkBackendTLS,
 	} {
 		if err := check(r); err != nil {
@@ -331,10 +333,18 @@ func checkEndpoints(r *Rule) *AdmissionError {
 			if !validPort(ep.NixlPort) {
 				return bad(CodeEndpointNixlPort, p+".nixl_port", "nixl_port must be within 1..65535 (0 = none), got %d", ep.NixlPort)
 			}
-			// The port is only ever used to build the P2P-NCCL request id
-			// of a P/D pair; anywhere else it would be silently ignored.
+			// The port is only ever written into the legs' request id of a
+			// P/D pair; anywhere else it would be silently ignored.
 			if a := adapterOf(r); !r.PDDisaggMode || a == nil || a.PD() == nil || !a.PD().KVPorts() || ep.EPRole == 0 {
-				return bad(CodeEndpointNixlPort, p+".nixl_port", "nixl_port (the vLLM P2P-NCCL KV port, carried in the legs' X-Request-Id) applies only to prefill and decode endpoints of a vLLM P/D rule; remove it")
+				return bad(CodeEndpointNixlPort, p+".nixl_port", "nixl_port (the NIXL side-channel port, carried in the legs' X-Request-Id) applies only to prefill and decode endpoints of a vLLM P/D rule; remove it")
+			}
+		}
+		if ep.P2PNcclPort != 0 {
+			if !validPort(ep.P2PNcclPort) {
+				return bad(CodeEndpointP2PNcclPort, p+".p2p_nccl_port", "p2p_nccl_port must be within 1..65535 (0 = none), got %d", ep.P2PNcclPort)
+			}
+			if a := adapterOf(r); !r.PDDisaggMode || a == nil || a.PD() == nil || !a.PD().KVPorts() || ep.EPRole == 0 {
+				return bad(CodeEndpointP2PNcclPort, p+".p2p_nccl_port", "p2p_nccl_port (the vLLM P2P-NCCL KV port) applies only to prefill and decode endpoints of a vLLM P/D rule; remove it")
 			}
 		}
 		if ep.BootstrapPort != 0 {
@@ -480,17 +490,23 @@ func checkPD(r *Rule) *AdmissionError {
 		if prefill == 0 || decode == 0 {
 			return bad(CodePDRoles, "endpoints", "pd_disagg_mode requires at least 1 prefill (ep_role 1) and 1 decode (ep_role 2) endpoint; got %d prefill and %d decode", prefill, decode)
 		}
-		// One connector per deployment: with KV ports on some endpoints
-		// only, some pairs would rendezvous by request id (P2P-NCCL) and
-		// others by the NIXL hand-off.
-		withKV := 0
+		// One connector per deployment: with P2P-NCCL ports on some
+		// endpoints only, some pairs would rendezvous by request id
+		// (P2P-NCCL) and others by the NIXL hand-off.
+		withP2P, withNixl := 0, 0
 		for _, ep := range r.Endpoints {
+			if ep.EPRole != 0 && ep.P2PNcclPort != 0 {
+				withP2P++
+			}
 			if ep.EPRole != 0 && ep.NixlPort != 0 {
-				withKV++
+				withNixl++
 			}
 		}
-		if withKV != 0 && withKV != prefill+decode {
-			return bad(CodeEndpointNixlPort, "endpoints", "nixl_port is set on %d of %d prefill and decode endpoints; vLLM's P2P-NCCL connector needs it on all of them (or on none, for NIXL)", withKV, prefill+decode)
+		switch {
+		case withP2P != 0 && withNixl != 0:
+			return bad(CodeEndpointP2PNcclPort, "endpoints", "p2p_nccl_port (P2P-NCCL) and nixl_port (NIXL) are both set; a deployment uses one vLLM KV connector: keep one of them")
+		case withP2P != 0 && withP2P != prefill+decode:
+			return bad(CodeEndpointP2PNcclPort, "endpoints", "p2p_nccl_port is set on %d of %d prefill and decode endpoints; vLLM's P2P-NCCL connector needs it on all of them (or on none, for NIXL)", withP2P, prefill+decode)
 		}
 		return nil
 	}
@@ -672,8 +688,41 @@ func checkTokenizer(r *Rule) *AdmissionError {
 		}
 		return nil
 	}
-	if _, err := tokenizer.Resolve(r.KVTokenizer, r.ModelName); err != nil {
+	path, err := tokenizer.Resolve(r.KVTokenizer, r.ModelName)
+	if err != nil {
 		return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer %q: %v; %s", truncate(r.KVTokenizer, 200), err, what)
+	}
+	if r.KVExactMode == 0 || r.KVChatTemplate != "" {
+		return nil
+	}
+	// A chat request is hashed as the engine renders it, with the model's
+	// chat template; a tokenizer without one would miss on every chat
+	// request while the rule looked ready.
+	if err := tokenizer.CheckChatTemplate(path); err != nil {
+		return bad(CodeKVTokenizer, "kvTokenizer", "kvTokenizer %q: %v: KV-exact routing could not render chat requests as the engine does, so every one would miss; put the model's tokenizer_config.json (with its chat_template) beside the tokenizer.json, or name the engine's template file with kvChatTemplate", truncate(r.KVTokenizer, 200), err)
+	}
+	return nil
+}
+
+// checkChatTemplate: kvChatTemplate names a readable template file, and
+// only beside a kvTokenizer path (with "engine" the worker renders with its
+// own template).
+func checkChatTemplate(r *Rule) *AdmissionError {
+	if r.KVChatTemplate == "" {
+		return nil
+	}
+	switch {
+	case r.KVExactMode == 0:
+		return bad(CodeKVChatTemplate, "kvChatTemplate", "kvChatTemplate is the chat template of KV-exact routing and needs kvExactMode 1 or 3; remove it")
+	case r.KVTokenizer == "engine":
+		return bad(CodeKVChatTemplate, "kvChatTemplate", "kvChatTemplate does not apply to kvTokenizer \"engine\": the worker's /tokenize renders with the engine's own template; remove it")
+	}
+	st, err := os.Stat(r.KVChatTemplate)
+	if err != nil {
+		return bad(CodeKVChatTemplate, "kvChatTemplate", "kvChatTemplate %q: %v", truncate(r.KVChatTemplate, 200), err)
+	}
+	if !st.Mode().IsRegular() {
+		return bad(CodeKVChatTemplate, "kvChatTemplate", "kvChatTemplate %q is not a regular file", truncate(r.KVChatTemplate, 200))
 	}
 	return nil
 }

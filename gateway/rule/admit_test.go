@@ -59,8 +59,13 @@ func trtRule() *Rule {
 }
 
 func TestAdmitRules(t *testing.T) {
-	tokFile := filepath.Join(t.TempDir(), "tokenizer.json")
-	if err := os.WriteFile(tokFile, []byte(`{}`), 0o600); err != nil {
+	tokFile := writeTokenizer(t, t.TempDir(), `{"chat_template": "{{ messages }}"}`)
+	// A tokenizer.json alone (no tokenizer_config.json), and one whose
+	// config has no chat_template: chat requests could not be rendered.
+	bareTok := writeTokenizer(t, t.TempDir(), "")
+	noTplTok := writeTokenizer(t, t.TempDir(), `{"add_bos_token": false}`)
+	tplFile := filepath.Join(t.TempDir(), "chat.jinja")
+	if err := os.WriteFile(tplFile, []byte("{{ messages }}"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// A models directory with the snapshot of "org/m" in each layout
@@ -70,9 +75,7 @@ func TestAdmitRules(t *testing.T) {
 		if err := os.MkdirAll(filepath.Join(models, dir), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(models, dir, "tokenizer.json"), []byte(`{}`), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		writeTokenizer(t, filepath.Join(models, dir), `{"chat_template": "{{ messages }}"}`)
 	}
 	kvExact := func(r *Rule) { r.Sel = 8; r.KVEngineType = "vllm"; r.KVExactMode = 3; r.ModelName = "org/m" }
 	tests := []struct {
@@ -85,6 +88,8 @@ func TestAdmitRules(t *testing.T) {
 		wantCode     string
 		wantField    string
 		wantConflict bool
+		// wantMsg, when set, must appear in the refusal's message.
+		wantMsg string
 	}{
 		{name: "nil rule", base: func() *Rule { return nil }, wantCode: CodeRuleMissing},
 		{name: "valid plain", base: plainRule},
@@ -153,10 +158,26 @@ func TestAdmitRules(t *testing.T) {
 			r.KVEngineType = "vllm"
 			r.Endpoints[0].NixlPort, r.Endpoints[1].NixlPort = 9001, 9002
 		}},
-		{name: "nixl port on some P/D endpoints only is refused", base: pdRule, mutate: func(r *Rule) {
+		{name: "nixl port on some P/D endpoints only (the others named by targetPort)", base: pdRule, mutate: func(r *Rule) {
 			r.KVEngineType = "vllm"
 			r.Endpoints[0].NixlPort = 9001
-		}, wantCode: CodeEndpointNixlPort},
+		}},
+		{name: "p2p nccl port out of range", base: pdRule, mutate: func(r *Rule) { r.KVEngineType = "vllm"; r.Endpoints[0].P2PNcclPort = 0x10000 }, wantCode: CodeEndpointP2PNcclPort},
+		{name: "p2p nccl port on a vLLM P/D rule", base: pdRule, mutate: func(r *Rule) {
+			r.KVEngineType = "vllm"
+			r.Endpoints[0].P2PNcclPort, r.Endpoints[1].P2PNcclPort = 9001, 9002
+		}},
+		{name: "p2p nccl port on some P/D endpoints only is refused", base: pdRule, mutate: func(r *Rule) {
+			r.KVEngineType = "vllm"
+			r.Endpoints[0].P2PNcclPort = 9001
+		}, wantCode: CodeEndpointP2PNcclPort},
+		{name: "p2p nccl port with nixl port is refused", base: pdRule, mutate: func(r *Rule) {
+			r.KVEngineType = "vllm"
+			r.Endpoints[0].P2PNcclPort, r.Endpoints[1].P2PNcclPort = 9001, 9002
+			r.Endpoints[0].NixlPort = 9003
+		}, wantCode: CodeEndpointP2PNcclPort},
+		{name: "p2p nccl port on a plain rule is refused", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].P2PNcclPort = 9001 }, wantCode: CodeEndpointP2PNcclPort},
+		{name: "p2p nccl port on an SGLang P/D rule is refused", base: pdRule, mutate: func(r *Rule) { r.Endpoints[0].P2PNcclPort = 9001 }, wantCode: CodeEndpointP2PNcclPort},
 		{name: "nixl port on a plain rule is refused", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].NixlPort = 9001 }, wantCode: CodeEndpointNixlPort},
 		{name: "nixl port on an SGLang P/D rule is refused", base: pdRule, mutate: func(r *Rule) { r.Endpoints[0].NixlPort = 9001 }, wantCode: CodeEndpointNixlPort},
 		{name: "endpoint bootstrap port on vllm", base: plainRule, mutate: func(r *Rule) { r.Endpoints[0].BootstrapPort = 9000 }, wantCode: CodeEndpointBootstrap},
@@ -229,6 +250,16 @@ func TestAdmitRules(t *testing.T) {
 		{name: "engine tokenizer trtllm has none", base: trtRule, mutate: func(r *Rule) { r.KVExactMode = 1; r.KVTokenizer = "engine" }, wantCode: CodeKVTokenizer},
 		{name: "kv-exact builtin tokenizer", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = "builtin" }, wantCode: CodeKVTokenizer},
 		{name: "kv-exact tokenizer file", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = tokFile }},
+		{name: "kv-exact bare tokenizer.json has no chat template", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = bareTok }, wantCode: CodeKVTokenizer, wantMsg: "tokenizer_config.json"},
+		{name: "kv-exact tokenizer config without chat_template", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = noTplTok }, wantCode: CodeKVTokenizer, wantMsg: "chat_template"},
+		{name: "kv-exact bare tokenizer.json with kvChatTemplate", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = bareTok; r.KVChatTemplate = tplFile }},
+		{name: "bare tokenizer.json without kv-exact needs no template", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = bareTok }},
+		{name: "kvChatTemplate missing file", base: plainRule, mutate: func(r *Rule) {
+			kvExact(r)
+			r.KVTokenizer, r.KVChatTemplate = bareTok, filepath.Join(t.TempDir(), "nope.jinja")
+		}, wantCode: CodeKVChatTemplate},
+		{name: "kvChatTemplate with the engine tokenizer", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = "engine"; r.KVChatTemplate = tplFile }, wantCode: CodeKVChatTemplate},
+		{name: "kvChatTemplate without kv-exact", base: plainRule, mutate: func(r *Rule) { r.KVTokenizer = tokFile; r.KVChatTemplate = tplFile }, wantCode: CodeKVChatTemplate},
 		{name: "kv-exact models dir slug", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = filepath.Join(models, "slug") }},
 		{name: "kv-exact models dir nested", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = filepath.Join(models, "nested") }},
 		{name: "kv-exact models dir hf cache", base: plainRule, mutate: func(r *Rule) { kvExact(r); r.KVTokenizer = filepath.Join(models, "hub") }},
@@ -349,6 +380,9 @@ func TestAdmitRules(t *testing.T) {
 			if ae.Message == "" {
 				t.Errorf("empty message")
 			}
+			if !strings.Contains(ae.Message, tc.wantMsg) {
+				t.Errorf("message %q does not name %q", ae.Message, tc.wantMsg)
+			}
 			if !errors.Is(err, &AdmissionError{Code: tc.wantCode}) {
 				t.Errorf("errors.Is by code: got false, want true")
 			}
@@ -408,9 +442,7 @@ func exampleModels(t *testing.T, r *Rule) {
 	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(file, []byte(`{}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeTokenizer(t, filepath.Dir(file), `{"chat_template": "{{ messages }}"}`)
 	r.KVTokenizer = filepath.Join(root, rest)
 }
 
@@ -464,4 +496,24 @@ func TestParseSessionKey(t *testing.T) {
 			}
 		})
 	}
+}
+
+// writeTokenizer writes a tokenizer.json into dir (admission resolves it, it
+// does not load it) with config as the tokenizer_config.json beside it (""
+// for none), and returns the tokenizer.json's path.
+func writeTokenizer(t *testing.T, dir, config string) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "tokenizer.json")
+	if err := os.WriteFile(p, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if config != "" {
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(config), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
 }

@@ -1,9 +1,11 @@
 package rule
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -76,5 +78,37 @@ func TestExamplesAdmit(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDocsSpeakOfNoBranches fails when the user documentation (docs/ and
+// README.md) speaks of development branches ("branch `tok`, not yet
+// merged", "from branch `adapters`, on main"): a reader of the docs has the
+// program as built, and such rows said what some other build would do.
+func TestDocsSpeakOfNoBranches(t *testing.T) {
+	leftover := regexp.MustCompile(`(?i)\bbranch(es)?\b|not yet merged|\bon main\b|\bmerged into main\b`)
+	files := []string{"../../README.md"}
+	err := filepath.WalkDir("../../docs", func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
+			files = append(files, p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 4 {
+		t.Fatalf("found only %v: the walk is broken", files)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(data), "\n") {
+			if m := leftover.FindString(line); m != "" {
+				t.Errorf("%s:%d speaks of development branches (%q): say what the program does", f, i+1, m)
+			}
+		}
 	}
 }

@@ -100,7 +100,7 @@ func TestEffectiveDefaults(t *testing.T) {
 		{"endpoint id", plain.Endpoints[0].ID, "127.0.0.1:8001"},
 		{"ipv6 endpoint id", EndpointID("::1", 80), "[::1]:80"},
 		{"weight", *plain.Endpoints[0].Weight, 1},
-		{"nixl_port has no default (set only for vLLM P2P-NCCL)", plain.Endpoints[1].NixlPort, 0},
+		{"nixl_port has no default (an endpoint without one is named by its targetPort)", plain.Endpoints[1].NixlPort, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -43,7 +43,9 @@ type Rule struct {
 	KVBlockSize   int     `json:"kvBlockSize,omitempty"`
 	KVZmqPort     int     `json:"kvZmqPort,omitempty"`
 	KVDpRankCount int     `json:"kvDpRankCount,omitempty"`
-	KVWarmupSec   int     `json:"kvWarmupSec,omitempty"`
+	// KVWarmupSec is accepted, stored and echoed for rules written for the
+	// reference gateway, and inert there as here: nothing reads it.
+	KVWarmupSec int `json:"kvWarmupSec,omitempty"`
 	// KVHitMinShare is the share of the prompt's full blocks the chosen
 	// endpoint must already hold for a KV-exact decision to count as a hit
 	// (X-Llmgw-Route "kv-exact hit=", llmgw_kv_hits_total, the decision's
@@ -55,6 +57,12 @@ type Rule struct {
 	// directory holding the model's snapshot (tokenizer.Resolve), or
 	// "engine" (ask a worker's /tokenize).
 	KVTokenizer string `json:"kvTokenizer,omitempty"`
+	// KVChatTemplate is the path of a Jinja chat template file on the
+	// gateway host (as vLLM's --chat-template), for a kvTokenizer path
+	// that does not bring the model's template (a bare tokenizer.json, a
+	// .gguf without tokenizer.chat_template). It overrides the tokenizer's
+	// own template; it must be the one the engine renders with.
+	KVChatTemplate string `json:"kvChatTemplate,omitempty"`
 
 	PDDisaggMode    bool `json:"pd_disagg_mode,omitempty"`
 	PDBootstrapPort int  `json:"pdBootstrapPort,omitempty"`
@@ -119,13 +127,20 @@ type Endpoint struct {
 	KVReplayEndpoint string `json:"kvReplayEndpoint,omitempty"`
 	// BootstrapPort overrides pdBootstrapPort for this prefill endpoint.
 	BootstrapPort int `json:"bootstrapPort,omitempty"`
-	// NixlPort is the endpoint's KV-transfer port for vLLM's P2P-NCCL
-	// connector (prefill and decode endpoints of a vLLM P/D rule only; no
-	// default). When either endpoint of a pair has one, both legs carry
-	// the P2P-NCCL request id naming the pair's KV addresses (an endpoint
-	// without one is named by its targetPort); otherwise the NIXL hand-off
-	// travels in the prefill's answer and needs no port.
+	// NixlPort is the endpoint's NIXL side-channel port, as the reference
+	// gateway means it (prefill and decode endpoints of a vLLM P/D rule
+	// only; no default): the pair keeps the NIXL hand-off
+	// (kv_transfer_params from the prefill's answer to the decode), and
+	// both legs carry the reference's X-Request-Id
+	// "___prefill_addr_<ip>:<port>___decode_addr_<ip>:<port>_<32 hex>"
+	// naming these ports (an endpoint without one by its targetPort).
 	NixlPort int `json:"nixl_port,omitempty"`
+	// P2PNcclPort is the endpoint's KV port for vLLM's P2P-NCCL connector
+	// (prefill and decode endpoints of a vLLM P/D rule, all of them or
+	// none, never with nixl_port): the KV moves between the engines out of
+	// band, no hand-off fields are sent, and both legs carry the P2P-NCCL
+	// request id naming the pair's KV addresses.
+	P2PNcclPort int `json:"p2p_nccl_port,omitempty"`
 }
 
 // CBConfig tunes the per-endpoint circuit breaker and origin-5xx demotion.

@@ -39,9 +39,11 @@ type BreakerConfig struct {
 	// HalfOpenTrials is how many requests may be in flight while half-open.
 	// Default 3.
 	HalfOpenTrials int
-	// Origin5xx is the number of consecutive origin responses with status ≥
-	// 500 that open the breaker (origin-5xx demotion). Default 3; a negative
-	// value disables demotion.
+	// Origin5xx is the number of origin responses with status ≥ 500 since
+	// the last response below 400 that open the breaker (origin-5xx
+	// demotion): 4xx answers in between neither count nor reset it, as the
+	// reference gateway's streak. Default 3; a negative value disables
+	// demotion.
 	Origin5xx int
 	// OnChange, when set, is called after every state change with the old
 	// and new state. It runs on the goroutine that recorded the outcome, with

@@ -39,6 +39,10 @@ type Endpoint struct {
 	down     atomic.Bool // active probe verdict: true after N consecutive probe failures
 	draining atomic.Bool
 	breaker  *Breaker // nil: no breaker (cb_enable false)
+	// onActivity, when set, is called by every Acquire and Release (a
+	// TensorRT-LLM endpoint's event poller is woken: a request sent or
+	// answered is events coming).
+	onActivity atomic.Pointer[func()]
 
 	release func() // e.Release bound once, so Acquire returns it without allocating
 }
@@ -73,12 +77,30 @@ func (e *Endpoint) Acquire() (release func()) {
 	if e.breaker != nil {
 		e.breaker.noteTrial()
 	}
+	if f := e.onActivity.Load(); f != nil {
+		(*f)()
+	}
 	return e.release
+}
+
+// OnActivity makes every later Acquire and Release call f (nil: none). f
+// must be cheap and must not block; it runs on the request's goroutine.
+func (e *Endpoint) OnActivity(f func()) {
+	if f == nil {
+		e.onActivity.Store(nil)
+		return
+	}
+	e.onActivity.Store(&f)
 }
 
 // Release ends one request counted by Acquire. Prefer calling the function
 // Acquire returned.
-func (e *Endpoint) Release() { e.inflight.Add(-1) }
+func (e *Endpoint) Release() {
+	e.inflight.Add(-1)
+	if f := e.onActivity.Load(); f != nil {
+		(*f)()
+	}
+}
 
 // InFlight is the number of requests currently counted on e.
 func (e *Endpoint) InFlight() int64 { return e.inflight.Load() }

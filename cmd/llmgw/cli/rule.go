@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -258,6 +259,13 @@ func writeRuleStatus(ios *IOStreams, output string, st *gateway.RuleStatus) erro
 		fmt.Fprintf(ios.Out, "%s\n", results.FitLine(ios.Width, fmt.Sprintf("rule %s: model %q, sel %s, address %s, ready %v, in-flight %d",
 			st.Rule.Name, st.Rule.ModelName, selCell(st.Rule.Sel), dashCell(st.Status.Address), st.Status.Ready, st.Status.InFlight)))
 	}
+	if w := st.Status.KVWindow; w != nil {
+		fmt.Fprintf(ios.Out, "%s\n", results.FitLine(ios.Width, kvWindowLine(w)))
+	}
+	if st.Status.Degraded != "" {
+		// Whole, never cut to the terminal: it is the warning.
+		fmt.Fprintf(ios.Out, "degraded: %s\n", st.Status.Degraded)
+	}
 	headers := []string{"ENDPOINT", "ADDRESS", "ROLE", "AVAILABLE", "HEALTHY", "BREAKER", "DRAINING", "IN-FLIGHT"}
 	rows := make([][]string, len(st.Status.Endpoints))
 	for i, e := range st.Status.Endpoints {
@@ -265,6 +273,24 @@ func writeRuleStatus(ios *IOStreams, output string, st *gateway.RuleStatus) erro
 			dashCell(e.Breaker), strconv.FormatBool(e.Draining), strconv.FormatInt(e.InFlight, 10)}
 	}
 	return writeTable(ios, headers, rows, "ENDPOINT")
+}
+
+// kvWindowLine summarises a KV-exact rule's recent window.
+func kvWindowLine(w *gateway.KVWindowStatus) string {
+	line := fmt.Sprintf("kv-exact: %d hits of the last %d decisions (%.0f%%)", w.Hits, w.Decisions, 100*w.HitShare)
+	reasons := make([]string, 0, len(w.Misses))
+	for r := range w.Misses {
+		reasons = append(reasons, r)
+	}
+	sort.Strings(reasons)
+	for i, r := range reasons {
+		sep := ", "
+		if i == 0 {
+			sep = "; misses "
+		}
+		line += fmt.Sprintf("%s%s %d", sep, r, w.Misses[r])
+	}
+	return line + fmt.Sprintf("; parity %d mismatched of %d checked", w.ParityMismatches, w.ParityChecked)
 }
 
 func newRuleListCmd(base *RuleOptions, runF func(*RuleListOptions) error) *cobra.Command {
