@@ -134,6 +134,10 @@ func (p *loopPlane) close(ctx context.Context) {
 	})
 }
 
+// winding reports whether answers end their connections: the plane is
+// closing, or the server drains (Server.Drain).
+func (p *loopPlane) winding() bool { return p.closing.Load() || p.s.draining.Load() }
+
 // connClosed counts a client connection gone from the loops.
 func (p *loopPlane) connClosed() {
 	if p.conns.Add(-1) == 0 && p.closing.Load() {

@@ -258,6 +258,9 @@ func writeRuleStatus(ios *IOStreams, output string, st *gateway.RuleStatus) erro
 		fmt.Fprintf(ios.Out, "%s\n", results.FitLine(ios.Width, fmt.Sprintf("rule %s: model %q, sel %s, address %s, ready %v, in-flight %d",
 			st.Rule.Name, st.Rule.ModelName, selCell(st.Rule.Sel), dashCell(st.Status.Address), st.Status.Ready, st.Status.InFlight)))
 	}
+	if st.Status.NotReady != "" {
+		fmt.Fprintf(ios.Out, "%s\n", results.FitLine(ios.Width, "not ready: "+st.Status.NotReady))
+	}
 	headers := []string{"ENDPOINT", "ADDRESS", "ROLE", "AVAILABLE", "HEALTHY", "BREAKER", "DRAINING", "IN-FLIGHT"}
 	rows := make([][]string, len(st.Status.Endpoints))
 	for i, e := range st.Status.Endpoints {
