@@ -132,7 +132,7 @@ func TestRollingRestartNoFailedRequests(t *testing.T) {
 		_, ps, _ := net.SplitHostPort(s.Addrs().HTTP)
 		port, _ = strconv.Atoi(ps)
 		p, err := env.Client.CoreV1().Pods(ns).Create(t.Context(), &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("engine-%d", i), Labels: map[string]string{"app": "engine"}},
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("engine-%d", i), Labels: map[string]string{"app": "engine", "slot": strconv.Itoa(i)}},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "llmgw-sim"}}},
 		}, metav1.CreateOptions{})
 		if err != nil {
@@ -275,6 +275,53 @@ func TestRollingRestartNoFailedRequests(t *testing.T) {
 	t.Logf("%d requests through two rolling restarts, %d failed", total.Load(), failed.Load())
 	if n := failed.Load(); n != 0 {
 		t.Errorf("%d of %d requests failed across the rolling restart; first: %v", n, total.Load(), firstErr.Load())
+	}
+
+	// One pool empty: a second Rule over engine-1 alone, whose pod then
+	// stops being Ready. The replica stays ready (rule "pool" still
+	// serves), /readyz names the empty pool, and so does `rule get`.
+	rs.mu.Lock()
+	g := rs.gws[0]
+	rs.mu.Unlock()
+	solo := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "llmgw.io/v1alpha1", "kind": "Rule", "metadata": map[string]any{"name": "solo"},
+		"spec": map[string]any{"model_name": "m-solo", "probe": map[string]any{"disabled": true},
+			"endpoints_from": map[string]any{"namespace": ns, "selector": map[string]any{"app": "engine", "slot": "1"}, "target_ports": []any{int64(port)}}},
+	}}
+	if _, err := dyn.Resource(k8s.RuleResource).Namespace(ns).Create(t.Context(), solo, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, 30*time.Second, "rule solo serving", func() bool {
+		code, body := readyz(g.Admin)
+		rules, _ := body["rules"].(map[string]any)
+		return code == http.StatusOK && rules["solo"] == true
+	})
+	p, err := env.Client.CoreV1().Pods(ns).Get(t.Context(), "engine-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+	if _, err := env.Client.CoreV1().Pods(ns).UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var body map[string]any
+	waitCond(t, 30*time.Second, "/readyz naming solo's empty pool", func() bool {
+		_, body = readyz(g.Admin)
+		nr, _ := body["rules_not_ready"].(map[string]any)
+		why, _ := nr["solo"].(string)
+		return strings.Contains(why, "endpoint pool empty")
+	})
+	if body["ready"] != true {
+		t.Errorf("/readyz with solo's pool empty: %v; want ready (rule pool serves)", body)
+	}
+	if err := oneRequest(&http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return rs.dial(ctx) }}}, false); err != nil {
+		t.Errorf("model m with solo's pool empty: %v", err)
+	}
+	ios, out, errOut := TestIO()
+	if code := Main(t.Context(), []string{"rule", "get", "solo", "--admin", "http://" + g.Admin}, ios); code != ExitOK ||
+		!strings.Contains(out.String(), "not ready: endpoint pool empty") {
+		t.Errorf("rule get solo: exit %d\n%s%s", code, out, errOut)
 	}
 }
 
