@@ -18,8 +18,8 @@ import (
 // TestDrainThenShutdown (issue 42): the graceful stop. Drain turns
 // /readyz 503 at once while the data plane goes on serving: a connection
 // opened after it is served, its answer saying Connection: close. Shutdown
-// then lets a stream that was in flight all along finish whole, and
-// returns before its deadline. It holds on either data plane (make test
+// then refuses new connections, lets a stream that was in flight all
+// along finish whole, and returns before its deadline. It holds on either data plane (make test
 // runs the suite on both).
 func TestDrainThenShutdown(t *testing.T) {
 	release := make(chan struct{})
@@ -36,7 +36,8 @@ func TestDrainThenShutdown(t *testing.T) {
 	}
 
 	// A stream in flight, past its first event.
-	conn, err := net.Dial("tcp", s.Addr())
+	dataAddr := s.Addr()
+	conn, err := net.Dial("tcp", dataAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,6 +77,15 @@ func TestDrainThenShutdown(t *testing.T) {
 	// Shutdown has begun once the admin listener refuses.
 	wait.For(t, 10*time.Second, "the admin listener closed", func() bool {
 		c, err := net.Dial("tcp", s.AdminAddr())
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	// The data listener no longer accepts: a new connection is refused,
+	// not left waiting.
+	wait.For(t, 10*time.Second, "the data listener refusing connections", func() bool {
+		c, err := net.Dial("tcp", dataAddr)
 		if err == nil {
 			c.Close()
 		}
