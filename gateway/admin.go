@@ -260,33 +260,91 @@ func (s *Server) handleDecisions(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"decisions": s.decisions.list(q.Get("rule"), since)})
 }
 
-// handleReady answers 200 when every rule has at least one available
-// endpoint and every data listener accepts connections, 503 otherwise,
-// listing each rule's state and each listener that cannot accept (with its
-// latest accept error, e.g. "accept4: too many open files").
-func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
+// handleReady answers /readyz: 200 while the server can serve, 503
+// otherwise, with a JSON object saying why. Not ready: before the rules
+// given at start are installed ("starting", Config.AwaitInitialRules),
+// from Drain on ("draining"), while a data listener cannot accept
+// connections ("listeners_not_accepting", with its latest accept error,
+// e.g. "accept4: too many open files"), and when no rule can serve (with
+// Config.ReadyzStrict: when any rule cannot). A server with no rules is
+// ready: no rule fails. "rules" maps every rule to its readiness and
+// "rules_not_ready" names those that cannot serve, with the reason.
+//
+// ?model=NAME asks for one model: ready when a rule serving NAME (its
+// model_name, else the default rule, model_name "") can serve, and only
+// those rules are listed; 503 when no rule serves NAME.
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	model, perModel := r.URL.Query().Get("model"), r.URL.Query().Has("model")
 	rules := s.Rules()
-	ready := true
+	if perModel {
+		rules = rulesServing(rules, model)
+	}
 	detail := map[string]bool{}
+	notReady := map[string]string{}
+	anyReady := false
 	for _, st := range rules {
 		detail[st.Rule.Name] = st.Status.Ready
-		ready = ready && st.Status.Ready
+		anyReady = anyReady || st.Status.Ready
+		if !st.Status.Ready {
+			notReady[st.Rule.Name] = st.Status.NotReady
+		}
 	}
-	body := map[string]any{"ready": ready, "rules": detail}
+	ready := anyReady || (len(rules) == 0 && !perModel)
+	mode := "any"
+	if s.cfg.ReadyzStrict {
+		mode = "strict"
+		ready = len(notReady) == 0 && (len(rules) > 0 || !perModel)
+	}
+	body := map[string]any{"ready": false, "rules": detail, "mode": mode}
+	if len(notReady) > 0 {
+		body["rules_not_ready"] = notReady
+	}
+	if perModel {
+		body["model"] = model
+		if len(rules) == 0 {
+			body["model_not_served"] = true
+		}
+	}
+	if !s.initialDone.Load() {
+		ready = false
+		body["starting"] = "the rules given at start are not installed yet"
+	}
+	if s.draining.Load() {
+		ready = false
+		body["draining"] = true
+	}
 	// A degraded rule is a warning beside the verdict, never part of it.
 	if d := degradedRules(rules); len(d) > 0 {
 		body["degraded"] = d
 	}
 	if failing := s.acceptFailures(); len(failing) > 0 {
 		ready = false
-		body["ready"] = false
 		body["listeners_not_accepting"] = failing
 	}
+	body["ready"] = ready
 	code := http.StatusOK
 	if !ready {
 		code = http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, body)
+}
+
+// rulesServing keeps the rules that would serve model: those whose
+// model_name is model, else the default rules (model_name "").
+func rulesServing(rules []*RuleStatus, model string) []*RuleStatus {
+	var named, def []*RuleStatus
+	for _, st := range rules {
+		switch st.Rule.ModelName {
+		case model:
+			named = append(named, st)
+		case "":
+			def = append(def, st)
+		}
+	}
+	if len(named) > 0 {
+		return named
+	}
+	return def
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -111,8 +111,29 @@ func (p *loopPlane) abort() {
 func (p *loopPlane) close(ctx context.Context) {
 	p.closeOnce.Do(func() {
 		p.closing.Store(true)
+		// Once every loop has stopped watching the listening socket it is
+		// closed, so that a connection attempt from now on is refused at
+		// once instead of waiting in the backlog for the answers in
+		// flight (as the goroutine plane's listener does).
+		left := atomic.Int32{}
+		left.Store(int32(len(p.loops)))
+		unwatched := make(chan struct{})
 		for _, pl := range p.loops {
-			pl.l.Post(pl.beginClose)
+			if !pl.l.Post(func() {
+				pl.beginClose()
+				if left.Add(-1) == 0 {
+					close(unwatched)
+				}
+			}) && left.Add(-1) == 0 {
+				close(unwatched)
+			}
+		}
+		lfdOpen := true
+		select {
+		case <-unwatched:
+			rawio.Close(p.lfd)
+			lfdOpen = false
+		case <-ctx.Done():
 		}
 		if p.conns.Load() == 0 {
 			p.drainOnce.Do(func() { close(p.drained) })
@@ -129,10 +150,16 @@ func (p *loopPlane) close(ctx context.Context) {
 		for _, pl := range p.loops {
 			pl.l.Close()
 		}
-		rawio.Close(p.lfd)
+		if lfdOpen {
+			rawio.Close(p.lfd)
+		}
 		p.hand.Close()
 	})
 }
+
+// winding reports whether answers end their connections: the plane is
+// closing, or the server drains (Server.Drain).
+func (p *loopPlane) winding() bool { return p.closing.Load() || p.s.draining.Load() }
 
 // connClosed counts a client connection gone from the loops.
 func (p *loopPlane) connClosed() {

@@ -253,7 +253,7 @@ func (r *loopReq) answerError(err error) {
 	// on the goroutine plane, whose relay releases before it writes).
 	r.release()
 	c := r.c
-	c.closeAfter = c.closeAfter || r.pl.p.closing.Load()
+	c.closeAfter = c.closeAfter || r.pl.p.winding()
 	head, body := r.pl.errorAnswer(err, r.id, c.closeAfter)
 	if !c.send(head, body) {
 		return // the client left: clientGone ended r
@@ -389,7 +389,7 @@ func (r *loopReq) answerHead(bodyStart int) {
 // (fasthttp's server writes its own): one Date, whatever the worker sent.
 func (r *loopReq) clientHead(setLength bool, cl int) {
 	c := r.c
-	c.closeAfter = c.closeAfter || r.pl.p.closing.Load()
+	c.closeAfter = c.closeAfter || r.pl.p.winding()
 	b := appendStatusLine(r.pl.head[:0], r.status)
 	b = append(b, r.pl.dateLine()...)
 	b = appendField(b, hdrRequestID, r.id)

@@ -78,7 +78,13 @@ const dataReadBufferSize = 16 << 10
 
 func (s *Server) newDataServer(key string) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:            func(ctx *fasthttp.RequestCtx) { s.serveData(ctx, key) },
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			s.serveData(ctx, key)
+			if s.draining.Load() {
+				// Drain: the client's next request goes elsewhere.
+				ctx.SetConnectionClose()
+			}
+		},
 		Name:               "llmgw",
 		MaxRequestBodySize: s.cfg.MaxBodyBytes,
 		// ReadTimeout bounds reading one whole request (headers and body):

@@ -274,6 +274,13 @@ type RuleLiveStatus struct {
 	// not. DegradedCauses holds the same by cause.
 	Degraded       string            `json:"degraded,omitempty"`
 	DegradedCauses map[string]string `json:"degraded_causes,omitempty"`
+	// NotReady says why the rule cannot serve ("" while Ready): its
+	// discovered pool is empty, or how many endpoints are down, draining
+	// or breaker-open, or which P/D pool has nothing available.
+	NotReady string `json:"not_ready,omitempty"`
+	// PoolEmpty: the rule's discovered endpoint set (endpoints_from) is
+	// empty; the endpoints listed are the previous set, drained.
+	PoolEmpty bool `json:"pool_empty,omitempty"`
 }
 
 // EndpointStatus is one endpoint's live state.
@@ -315,16 +322,27 @@ func (s *Server) Rule(name string) (*RuleStatus, error) {
 	s.mu.Lock()
 	rt := s.rules[name]
 	var addr string
+	empty := false
 	if rt != nil {
 		if l := s.listeners[rt.listenKey]; l != nil {
 			addr = l.ln.Addr().String()
+		}
+		if w := s.watches[name]; w != nil {
+			empty = w.emptied
 		}
 	}
 	s.mu.Unlock()
 	if rt == nil {
 		return nil, fmt.Errorf("%w: %q", ErrRuleNotFound, name)
 	}
-	return rt.status(addr), nil
+	st := rt.status(addr)
+	if empty {
+		st.Status.PoolEmpty = true
+		if !st.Status.Ready {
+			st.Status.NotReady = fmt.Sprintf("endpoint pool empty: endpoints_from finds no ready endpoint (the %d listed are the previous set, drained)", len(st.Status.Endpoints))
+		}
+	}
+	return st, nil
 }
 
 // Rules returns every rule's status, sorted by name.
@@ -366,6 +384,9 @@ func (rt *ruleRuntime) status(addr string) *RuleStatus {
 		// A P/D rule serves only with a prefill and a decode available.
 		st.Status.Ready = rt.pd.ready()
 	}
+	if !st.Status.Ready {
+		st.Status.NotReady = notReadyReason(rt, st.Status.Endpoints)
+	}
 	if kv := rt.kv; kv != nil {
 		anyReady := false
 		for i, ep := range kv.pool {
@@ -385,6 +406,34 @@ func (rt *ruleRuntime) status(addr string) *RuleStatus {
 		}
 	}
 	return st
+}
+
+// notReadyReason says why a rule with no way to serve cannot: which P/D
+// pool has nothing available, or what holds its endpoints back.
+func notReadyReason(rt *ruleRuntime, eps []EndpointStatus) string {
+	if rt.pd != nil {
+		switch {
+		case !anyAvailable(rt.pd.prefill):
+			return "no prefill endpoint available"
+		case !anyAvailable(rt.pd.decode):
+			return "no decode endpoint available"
+		}
+	}
+	if len(eps) == 0 {
+		return "endpoint pool empty"
+	}
+	var down, draining, open int
+	for _, e := range eps {
+		switch {
+		case !e.Healthy:
+			down++
+		case e.Draining:
+			draining++
+		case !e.Available:
+			open++
+		}
+	}
+	return fmt.Sprintf("no endpoint available (%d endpoints: %d down, %d draining, %d breaker-open)", len(eps), down, draining, open)
 }
 
 // destructiveEvents reports whether a rule consumes KV events that reading

@@ -91,6 +91,15 @@ type Config struct {
 	// EndpointSource discovers the endpoints of rules with endpoints_from
 	// (package k8s); nil: such rules are refused.
 	EndpointSource EndpointSource
+	// ReadyzStrict makes /readyz require every rule to be ready (the form
+	// before issue 42). Off: /readyz is ready while any rule can serve,
+	// and names the rules that cannot.
+	ReadyzStrict bool
+	// AwaitInitialRules holds /readyz at 503 ("starting") after Start
+	// until InitialRulesInstalled is called: for a caller that installs
+	// rules of its own after Start (serve's --rules, --rules-from
+	// kubernetes). Off: ready once Start has installed the persisted rules.
+	AwaitInitialRules bool
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -133,6 +142,11 @@ type Server struct {
 	adminLn  net.Listener
 	wg       sync.WaitGroup
 	closed   atomic.Bool
+
+	// initialDone: the rules given at start are installed (see
+	// Config.AwaitInitialRules); draining: Drain was called.
+	initialDone atomic.Bool
+	draining    atomic.Bool
 }
 
 // routeTable is an immutable snapshot of which rule serves which model on
@@ -252,6 +266,7 @@ func New(cfg Config) (*Server, error) {
 		clients:   map[clientKey]*fasthttp.HostClient{},
 		decisions: newDecisionLog(1024),
 	}
+	s.initialDone.Store(!cfg.AwaitInitialRules)
 	s.budget.limit = cfg.BufferBudget
 	s.metrics = newMetrics(s)
 	s.table.Store(&routeTable{byListen: map[string]*listenRoutes{}})
@@ -335,7 +350,9 @@ func (s *Server) Start(ctx context.Context) error {
 	go func() {
 		defer s.wg.Done()
 		<-s.ctx.Done()
-		s.shutdown()
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultCloseTimeout)
+		defer cancel()
+		s.shutdown(ctx)
 	}()
 	s.log.Info("gateway started", "listen", s.Addr(), "admin", s.AdminAddr(), "rules", len(saved))
 	return nil
@@ -374,21 +391,57 @@ func (s *Server) AdminAddr() string {
 	return s.adminLn.Addr().String()
 }
 
+// InitialRulesInstalled ends the start-up hold of Config.AwaitInitialRules:
+// /readyz answers by the rules from now on.
+func (s *Server) InitialRulesInstalled() { s.initialDone.Store(true) }
+
+// Drain begins a graceful stop: /readyz answers 503 ("draining") at once,
+// so load balancers stop sending new connections, while the data listeners
+// keep accepting and serving as before, except that every answer from now
+// on says Connection: close, so that clients' keep-alive connections end
+// after their next request and reconnect elsewhere. Shutdown ends it.
+// Idempotent.
+func (s *Server) Drain() {
+	if !s.draining.Swap(true) {
+		s.log.Info("draining: /readyz reports unready; the data plane keeps serving, closing each connection after its answer")
+	}
+}
+
+// Draining reports whether Drain was called.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
+// DefaultCloseTimeout is how long Close gives in-flight requests.
+const DefaultCloseTimeout = 5 * time.Second
+
 // Close stops every listener and background goroutine. In-flight requests
-// are given up to 5 s to finish. It is idempotent.
+// are given up to DefaultCloseTimeout to finish. It is idempotent.
 func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultCloseTimeout)
+	defer cancel()
+	return s.Shutdown(ctx)
+}
+
+// Shutdown stops the server: the admin API and the data listeners stop
+// accepting, idle connections close, and requests and streams in flight
+// (P/D ones included) finish until ctx ends, when the rest is cut; then
+// background work stops. It returns once everything has; ctx.Err() when
+// ctx ended first. Idempotent (a second call waits for the first).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	// Shut down before cancelling the server's context: P/D legs run
+	// under it, and Start's context goroutine would shut down with its
+	// own deadline. That goroutine is also why Shutdown does it itself:
+	// when Start failed half-way it never ran, and wg.Wait would wait on
+	// a data listener nobody stops.
+	s.shutdown(ctx)
 	if s.cancel != nil {
 		s.cancel()
 	}
-	// Shut down here too, not only from Start's context goroutine: when
-	// Start failed half-way that goroutine never ran, and wg.Wait would
-	// wait on a data listener nobody stops.
-	s.shutdown()
 	s.wg.Wait()
-	return nil
+	return ctx.Err()
 }
 
-func (s *Server) shutdown() {
+func (s *Server) shutdown(ctx context.Context) {
 	if !s.closed.CompareAndSwap(false, true) {
 		return
 	}
@@ -408,7 +461,7 @@ func (s *Server) shutdown() {
 	}
 	s.mu.Unlock()
 	for _, l := range lns {
-		l.shutdown(timeoutCtx(5 * time.Second))
+		l.shutdown(ctx)
 	}
 	for _, rt := range rts {
 		rt.stop()

@@ -54,7 +54,7 @@ func TestDescriptorExhaustionDoesNotKillTheDataPlane(t *testing.T) {
 	stateDir := t.TempDir()
 	g, err := harness.StartGatewayArgs(t.Context(), "sh", filepath.Join(t.TempDir(), "gateway.log"),
 		"-c", `ulimit -n 256 && exec "$0" "$@"`, llmgwBin,
-		"serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--state-dir", stateDir)
+		"serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--state-dir", stateDir, "--drain-window", "0s")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -166,7 +166,7 @@ func TestAdminAPIProtected(t *testing.T) {
 		// hold that port; then the start fails naming it, which shows the
 		// default just as well.
 		dir := t.TempDir()
-		p, err := harness.StartGatewayArgs(t.Context(), llmgwBin, filepath.Join(dir, "gw.log"), "serve", "--listen", "127.0.0.1:0", "--state-dir", dir)
+		p, err := harness.StartGatewayArgs(t.Context(), llmgwBin, filepath.Join(dir, "gw.log"), "serve", "--listen", "127.0.0.1:0", "--state-dir", dir, "--drain-window", "0s")
 		if err != nil {
 			if !strings.Contains(err.Error(), "127.0.0.1:8081") {
 				t.Fatalf("default admin start: %v", err)

@@ -11,6 +11,14 @@ import (
 // tried, so over any run of picks the eligible endpoints get exactly equal
 // shares (a skipped endpoint's turn is not handed to its neighbour, which
 // would double that neighbour's share).
+//
+// Concurrent picks share the counter, so one pick's n turns need not cover
+// all n positions: the turns in between may go to other picks, and a pick
+// can meet the same ineligible endpoint n times (issue 42: with 1 of 2
+// endpoints draining, 1 pick in 8 failed under contention). A pick whose n
+// turns all met ineligible endpoints therefore scans every position once,
+// from its last turn on, without taking more turns: it fails only if no
+// endpoint was eligible when it looked.
 type roundRobin struct {
 	eps  []*upstream.Endpoint
 	next atomic.Uint64
@@ -23,9 +31,19 @@ func newRoundRobin(eps []*upstream.Endpoint) *roundRobin {
 // Pick implements Picker.
 func (p *roundRobin) Pick(req *Request) (Decision, error) {
 	n := len(p.eps)
+	pos := 0
 	for range n {
-		e := p.eps[rotation(p.next.Add(1)-1, n)]
-		if eligible(e, req.Exclude) {
+		pos = rotation(p.next.Add(1)-1, n)
+		if e := p.eps[pos]; eligible(e, req.Exclude) {
+			return Decision{Endpoint: e, Reason: ReasonRoundRobin}, nil
+		}
+	}
+	for k := 1; k <= n; k++ {
+		i := pos + k
+		if i >= n {
+			i -= n
+		}
+		if e := p.eps[i]; eligible(e, req.Exclude) {
 			return Decision{Endpoint: e, Reason: ReasonRoundRobin}, nil
 		}
 	}

@@ -235,9 +235,11 @@ type Gateway struct {
 var servingLine = regexp.MustCompile(`llmgw serving: data plane https?://(\S+), admin http://(\S+),`)
 
 // StartGateway runs `bin serve --listen 127.0.0.1:0 --admin 127.0.0.1:0
-// --state-dir stateDir args...` and waits (up to 30 s) for its serving line.
+// --state-dir stateDir --drain-window 0s args...` and waits (up to 30 s) for
+// its serving line. No drain window: nothing balances load in front of a
+// test's gateway, so Stop need not wait for one (args may set one).
 func StartGateway(ctx context.Context, bin, stateDir, logPath string, args ...string) (*Gateway, error) {
-	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--state-dir", stateDir}, args...)
+	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--state-dir", stateDir, "--drain-window", "0s"}, args...)
 	p, err := start(ctx, logPath, io.Discard, bin, all...)
 	if err != nil {
 		return nil, err

@@ -143,6 +143,10 @@ func TestRuleCommandsAgainstAGateway(t *testing.T) {
 	if code, out, _ = run("rule", "drain", "b", "--endpoint", "w1", "-o", "json"); code != ExitOK || !strings.Contains(out, `"draining": true`) {
 		t.Errorf("drain: %d\n%s", code, out)
 	}
+	// Its only endpoint drained, the rule says why it cannot serve.
+	if code, out, _ = run("rule", "get", "b"); code != ExitOK || !strings.Contains(out, "not ready: no endpoint available (1 endpoints: 0 down, 1 draining, 0 breaker-open)") {
+		t.Errorf("get a drained rule: %d\n%s", code, out)
+	}
 	if code, _, errOut := run("rule", "delete", "a", "--drain", "1s"); code != ExitOK {
 		t.Errorf("delete: %d %s", code, errOut)
 	}

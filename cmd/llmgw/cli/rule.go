@@ -266,6 +266,9 @@ func writeRuleStatus(ios *IOStreams, output string, st *gateway.RuleStatus) erro
 		// Whole, never cut to the terminal: it is the warning.
 		fmt.Fprintf(ios.Out, "degraded: %s\n", st.Status.Degraded)
 	}
+	if st.Status.NotReady != "" {
+		fmt.Fprintf(ios.Out, "%s\n", results.FitLine(ios.Width, "not ready: "+st.Status.NotReady))
+	}
 	headers := []string{"ENDPOINT", "ADDRESS", "ROLE", "AVAILABLE", "HEALTHY", "BREAKER", "DRAINING", "IN-FLIGHT"}
 	rows := make([][]string, len(st.Status.Endpoints))
 	for i, e := range st.Status.Endpoints {

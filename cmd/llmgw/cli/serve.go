@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -55,7 +57,25 @@ type ServeOptions struct {
 	// RulesNamespace).
 	RulesFrom      string
 	RulesNamespace string
+	// ReadyzStrict is gateway.Config.ReadyzStrict.
+	ReadyzStrict bool
+	// DrainWindow is how long the data plane keeps accepting after
+	// SIGTERM, with /readyz unready; ShutdownTimeout how long in-flight
+	// requests then get.
+	DrainWindow     time.Duration
+	ShutdownTimeout time.Duration
 }
+
+// Stop defaults. Kubernetes' default terminationGracePeriodSeconds is 30 s:
+// the pod gets SIGKILL 30 s after it is marked terminating. The drain
+// window takes 20 s of it, which covers the endpoint removal reaching
+// every node's kube-proxy and every Ingress or mesh (seconds, more on a
+// busy cluster); the in-flight requests and streams then get 8 s; 2 s are
+// left for the exit itself.
+const (
+	defaultDrainWindow     = 20 * time.Second
+	defaultShutdownTimeout = 8 * time.Second
+)
 
 func newServeCmd(io *IOStreams, runF func(*cobra.Command, *ServeOptions) error) *cobra.Command {
 	opts := &ServeOptions{IO: io}
@@ -76,6 +96,18 @@ kill -9. Metrics are at GET /metrics on the admin listener.
 
 --rules FILE applies (creates or updates) the rules in FILE at start; a rule
 that fails admission stops the start with the reason.
+
+Readiness: GET /readyz on the admin listener is 200 while any rule can
+serve (the body names the rules that cannot; --readyz-strict requires every
+rule), 503 until the rules given at start (the state directory, --rules,
+--rules-from kubernetes) are installed, and 503 from SIGTERM on.
+GET /readyz?model=NAME asks for one model.
+
+Stopping: on SIGTERM or SIGINT /readyz turns 503 at once; the data plane
+keeps accepting and serving for --drain-window (each answer closes its
+connection, so clients reconnect to another replica); then it stops
+accepting and requests and streams in flight get --shutdown-timeout to
+finish. A second SIGTERM or SIGINT ends the drain window at once.
 
 --procs sets how many threads run Go code at once (GOMAXPROCS). Go's
 default is one per CPU the process may use. On a CPU shared with busy
@@ -122,6 +154,9 @@ load. BENCHMARKS.md measures both.`,
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig for --endpoints-source kubernetes (default $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
 	f.StringVar(&opts.RulesFrom, "rules-from", "", `"kubernetes": apply the Rule objects (rules.llmgw.io) of --rules-namespace with the same admission and write each verdict to its status; "" keeps rules on local disk only`)
 	f.StringVar(&opts.RulesNamespace, "rules-namespace", "default", "namespace of the Rule objects read by --rules-from kubernetes")
+	f.BoolVar(&opts.ReadyzStrict, "readyz-strict", false, "/readyz is ready only while every rule can serve (default: while any rule can; the body names those that cannot)")
+	f.DurationVar(&opts.DrainWindow, "drain-window", defaultDrainWindow, "after SIGTERM, how long the data plane keeps accepting and serving while /readyz says 503, so that load balancers stop sending first; the default is Kubernetes' default terminationGracePeriodSeconds (30s) less --shutdown-timeout's default (8s) and 2s for the exit; with a longer grace period, raise it with the period (0: stop accepting at once)")
+	f.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", defaultShutdownTimeout, "after the drain window, how long requests and streams in flight get to finish before they are cut")
 	return cmd
 }
 
@@ -165,6 +200,12 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	if opts.Loops < 0 {
 		return usageErrorf("--loops must be 0 (one per CPU) or positive, got %d", opts.Loops)
+	}
+	if opts.DrainWindow < 0 {
+		return usageErrorf("--drain-window must be 0 or positive, got %v", opts.DrainWindow)
+	}
+	if opts.ShutdownTimeout <= 0 {
+		return usageErrorf("--shutdown-timeout must be positive, got %v", opts.ShutdownTimeout)
 	}
 	switch opts.DataPlane {
 	case "", gateway.PlaneLoop, gateway.PlaneGoroutine:
@@ -229,6 +270,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 		MaxBodyBytes: opts.MaxBodyBytes, KVMaxBlocks: opts.KVMaxBlocks, KVTokenCacheBytes: opts.KVTokenCache, WriteTimeout: opts.WriteTimeout, BufferBudget: opts.BufferBudget, ReleaseIdleBuffers: opts.ReleaseIdle, TLSCert: opts.TLSCert, TLSKey: opts.TLSKey,
 		DataPlane: opts.DataPlane, Loops: opts.Loops, NoIOURing: !opts.IOURing,
 		LogPayloads: opts.LogPayloads, Pprof: opts.Pprof, Logger: log,
+		ReadyzStrict: opts.ReadyzStrict, AwaitInitialRules: true,
 	}
 	if src != nil {
 		gcfg.EndpointSource = src
@@ -237,8 +279,13 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	if err != nil {
 		return usageErrorf("%v", err)
 	}
-	ctx, cancel := context.WithCancel(cmd.Context())
-	if err := srv.Start(ctx); err != nil {
+	// The server and the rule sync run until the graceful stop below is
+	// over, not until the signal: runCtx ends after it (or at once when
+	// the signal comes before the start is done).
+	ctx := cmd.Context()
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stopEarly := context.AfterFunc(ctx, cancel)
+	if err := srv.Start(runCtx); err != nil {
 		cancel()
 		return err
 	}
@@ -251,7 +298,7 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 		if err != nil {
 			return usageErrorf("--rules-from kubernetes: %v", err)
 		}
-		if err := k8s.NewRuleSync(dyn, opts.RulesNamespace, srv, log).Run(ctx, &syncs); err != nil {
+		if err := k8s.NewRuleSync(dyn, opts.RulesNamespace, srv, log).Run(runCtx, &syncs); err != nil {
 			return fmt.Errorf("--rules-from kubernetes: %w", err)
 		}
 	}
@@ -260,7 +307,38 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 			return fmt.Errorf("--rules %s: rule %q: %w", opts.RulesFile, r.Name, err)
 		}
 	}
+	if !stopEarly() {
+		return nil // signalled while starting: nothing was ready yet
+	}
+	srv.InitialRulesInstalled()
 	fmt.Fprintf(opts.IO.ErrOut, "llmgw serving: data plane http://%s, admin http://%s, state %s, %d procs\n", srv.Addr(), srv.AdminAddr(), opts.StateDir, runtime.GOMAXPROCS(0))
 	<-ctx.Done()
+	gracefulStop(srv, log, opts.DrainWindow, opts.ShutdownTimeout)
 	return nil
+}
+
+// gracefulStop drains srv for window (a second SIGTERM or SIGINT ends the
+// window early), then shuts it down, giving in-flight requests timeout.
+func gracefulStop(srv *gateway.Server, log *slog.Logger, window, timeout time.Duration) {
+	// Registered after the first signal, so only a later one arrives.
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	srv.Drain()
+	log.Info("stopping: draining", "drain_window", window, "shutdown_timeout", timeout)
+	t := time.NewTimer(window)
+	select {
+	case <-t.C:
+	case sig := <-again:
+		t.Stop()
+		log.Info("stopping: drain window ended early", "signal", sig.String())
+	}
+	log.Info("stopping: no more connections accepted; waiting for the requests in flight", "shutdown_timeout", timeout)
+	sctx, scancel := context.WithTimeout(context.Background(), timeout)
+	defer scancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("stopping: requests still in flight at the shutdown timeout were cut", "err", err)
+		return
+	}
+	log.Info("stopped")
 }

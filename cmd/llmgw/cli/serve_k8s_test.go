@@ -83,7 +83,7 @@ func TestServeFromKubernetes(t *testing.T) {
 	ios.ErrOut = io.Discard
 	root := NewRootCmd(ios)
 	root.SetArgs([]string{"serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--state-dir", t.TempDir(), "--log-level", "error",
-		"--endpoints-source", "kubernetes", "--rules-from", "kubernetes", "--rules-namespace", ns, "--kubeconfig", env.Kubeconfig(t)})
+		"--endpoints-source", "kubernetes", "--rules-from", "kubernetes", "--rules-namespace", ns, "--kubeconfig", env.Kubeconfig(t), "--drain-window", "0s"})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(ctx) }()
