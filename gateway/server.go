@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/gateway/rule"
@@ -91,6 +92,9 @@ type Config struct {
 	// EndpointSource discovers the endpoints of rules with endpoints_from
 	// (package k8s); nil: such rules are refused.
 	EndpointSource EndpointSource
+	// Collectors are series of other components served on /metrics beside
+	// the gateway's own (package k8s's watch health).
+	Collectors []prometheus.Collector
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -254,6 +258,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.budget.limit = cfg.BufferBudget
 	s.metrics = newMetrics(s)
+	for _, c := range cfg.Collectors {
+		if err := s.metrics.reg.Register(c); err != nil {
+			return nil, fmt.Errorf("gateway: metrics collector: %w", err)
+		}
+	}
 	s.table.Store(&routeTable{byListen: map[string]*listenRoutes{}})
 	return s, nil
 }

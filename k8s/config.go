@@ -23,11 +23,12 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// NewSourceFromConfig returns a Source over a clientset for cfg.
-func NewSourceFromConfig(cfg *rest.Config) (*Source, error) {
+// NewSourceFromConfig returns a Source over a clientset for cfg, its
+// watches counted and logged by h.
+func NewSourceFromConfig(cfg *rest.Config, h *Health) (*Source, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("k8s: clientset: %w", err)
 	}
-	return NewSource(cs), nil
+	return NewSource(cs, h), nil
 }

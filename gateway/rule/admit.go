@@ -130,7 +130,11 @@ const (
 	CodeKVEngineImmutable    = "kv_engine_immutable"   // ref V16, 409
 	CodeListenModelConflict  = "listen_model_conflict" // 409
 	CodeEndpointsFrom        = "endpoints_from_invalid"
-	CodeReadBackName         = "read_back_name" // sel_name, kvExactModeName, ep_role_name
+	// CodeNoReadyEndpoint: endpoints_from is valid, but discovery found
+	// no ready endpoint when the rule was applied (a state of the cluster,
+	// not a fault of the rule: the rule sync applies it again when one is).
+	CodeNoReadyEndpoint = "no_ready_endpoint"
+	CodeReadBackName    = "read_back_name" // sel_name, kvExactModeName, ep_role_name
 )
 
 // SupportedSels lists the selection policies llmgw implements.

@@ -120,7 +120,7 @@ load. BENCHMARKS.md measures both.`,
 	f.BoolVar(&opts.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the admin listener (behind the admin token when one is set)")
 	f.StringVar(&opts.EndpointsSource, "endpoints-source", "", `"kubernetes": rules with endpoints_from discover their endpoints from the cluster's EndpointSlices or pods ("" refuses such rules)`)
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig for --endpoints-source kubernetes (default $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
-	f.StringVar(&opts.RulesFrom, "rules-from", "", `"kubernetes": apply the Rule objects (rules.llmgw.io) of --rules-namespace with the same admission and write each verdict to its status; "" keeps rules on local disk only`)
+	f.StringVar(&opts.RulesFrom, "rules-from", "", `"kubernetes": apply the Rule objects (group llmgw.io, kind Rule: rules.llmgw.io) of --rules-namespace with the same admission and write each verdict to its status; "" keeps rules on local disk only`)
 	f.StringVar(&opts.RulesNamespace, "rules-namespace", "default", "namespace of the Rule objects read by --rules-from kubernetes")
 	return cmd
 }
@@ -212,10 +212,14 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 		}
 	}
 	var src *k8s.Source
+	var health *k8s.Health
+	if kcfg != nil {
+		health = k8s.NewHealth(log)
+	}
 	switch opts.EndpointsSource {
 	case "":
 	case "kubernetes":
-		if src, err = k8s.NewSourceFromConfig(kcfg); err != nil {
+		if src, err = k8s.NewSourceFromConfig(kcfg, health); err != nil {
 			return usageErrorf("--endpoints-source kubernetes: %v", err)
 		}
 		// After the server has stopped (deferred below, so run later):
@@ -232,6 +236,9 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	if src != nil {
 		gcfg.EndpointSource = src
+	}
+	if health != nil {
+		gcfg.Collectors = health.Collectors()
 	}
 	srv, err := gateway.New(gcfg)
 	if err != nil {
@@ -251,7 +258,11 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 		if err != nil {
 			return usageErrorf("--rules-from kubernetes: %v", err)
 		}
-		if err := k8s.NewRuleSync(dyn, opts.RulesNamespace, srv, log).Run(ctx, &syncs); err != nil {
+		var esrc gateway.EndpointSource
+		if src != nil {
+			esrc = src
+		}
+		if err := k8s.NewRuleSync(dyn, opts.RulesNamespace, srv, esrc, health, log).Run(ctx, &syncs); err != nil {
 			return fmt.Errorf("--rules-from kubernetes: %w", err)
 		}
 	}
