@@ -92,6 +92,12 @@ type Config struct {
 	// EndpointSource discovers the endpoints of rules with endpoints_from
 	// (package k8s); nil: such rules are refused.
 	EndpointSource EndpointSource
+	// RuleOwner, when set, says the rules are written elsewhere (llmgw
+	// serve --rules-from kubernetes: the cluster's Rule objects): given a
+	// rule's name it names the object that owns it, and the admin API
+	// refuses to create, replace or delete rules (409 rules_managed).
+	// Drain and undrain stay allowed: they are not part of a rule.
+	RuleOwner func(name string) string
 	// Collectors are series of other components served on /metrics beside
 	// the gateway's own (package k8s's watch health).
 	Collectors []prometheus.Collector

@@ -55,6 +55,9 @@ type ServeOptions struct {
 	// RulesNamespace).
 	RulesFrom      string
 	RulesNamespace string
+	// AllowAdminRuleWrites lets the admin API write rules under
+	// --rules-from kubernetes.
+	AllowAdminRuleWrites bool
 }
 
 func newServeCmd(io *IOStreams, runF func(*cobra.Command, *ServeOptions) error) *cobra.Command {
@@ -120,7 +123,8 @@ load. BENCHMARKS.md measures both.`,
 	f.BoolVar(&opts.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the admin listener (behind the admin token when one is set)")
 	f.StringVar(&opts.EndpointsSource, "endpoints-source", "", `"kubernetes": rules with endpoints_from discover their endpoints from the cluster's EndpointSlices or pods ("" refuses such rules)`)
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig for --endpoints-source kubernetes (default $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
-	f.StringVar(&opts.RulesFrom, "rules-from", "", `"kubernetes": apply the Rule objects (group llmgw.io, kind Rule: rules.llmgw.io) of --rules-namespace with the same admission and write each verdict to its status; "" keeps rules on local disk only`)
+	f.StringVar(&opts.RulesFrom, "rules-from", "", `"kubernetes": apply the Rule objects (group llmgw.io, kind Rule: rules.llmgw.io) of --rules-namespace with the same admission and write each verdict to its status; the admin API then refuses rule writes (409 rules_managed); "" keeps rules on local disk only`)
+	f.BoolVar(&opts.AllowAdminRuleWrites, "allow-admin-rule-writes", false, "with --rules-from kubernetes, let the admin API create, replace and delete rules too (a rule no Rule object names is deleted at the next start)")
 	f.StringVar(&opts.RulesNamespace, "rules-namespace", "default", "namespace of the Rule objects read by --rules-from kubernetes")
 	return cmd
 }
@@ -205,6 +209,9 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	default:
 		return usageErrorf("--rules-from %q: want kubernetes or nothing", opts.RulesFrom)
 	}
+	if opts.AllowAdminRuleWrites && opts.RulesFrom != "kubernetes" {
+		return usageErrorf("--allow-admin-rule-writes goes with --rules-from kubernetes (without it the admin API writes rules anyway)")
+	}
 	var kcfg *rest.Config
 	if opts.EndpointsSource != "" || opts.RulesFrom != "" {
 		if kcfg, err = k8s.RESTConfig(opts.Kubeconfig); err != nil {
@@ -239,6 +246,12 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	if health != nil {
 		gcfg.Collectors = health.Collectors()
+	}
+	if opts.RulesFrom == "kubernetes" && !opts.AllowAdminRuleWrites {
+		ns := opts.RulesNamespace
+		gcfg.RuleOwner = func(name string) string {
+			return fmt.Sprintf("the Rule object %s/%s (rules.llmgw.io; kubectl -n %s edit rules.llmgw.io %s)", ns, name, ns, name)
+		}
 	}
 	srv, err := gateway.New(gcfg)
 	if err != nil {
