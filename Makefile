@@ -19,6 +19,17 @@ demo:
 build:
 	$(GO) build -buildvcs=auto -o bin/llmgw ./cmd/llmgw
 
+# image builds the container image the Helm chart names by default
+# (llmgw:<the chart's appVersion>): FROM scratch holding the static binary
+# (deploy/image/Dockerfile). Needs a Docker daemon; nothing is pulled.
+IMAGE ?= llmgw:$(shell awk '$$1 == "appVersion:" { gsub(/"/, "", $$2); print $$2 }' deploy/helm/llmgw/Chart.yaml)
+.PHONY: image
+image:
+	@mkdir -p bin/image
+	CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -o bin/image/llmgw ./cmd/llmgw
+	cp deploy/image/Dockerfile bin/image/Dockerfile
+	docker build -q -t $(IMAGE) bin/image
+
 # kube-apiserver builds the upstream API server from k8s.io/kubernetes in
 # its own module (tools/kube-apiserver), so the main go.mod carries none of
 # it, into bin/ for the real-API-server suite (internal/k8stest; etcd is

@@ -34,6 +34,7 @@ func TestCluster(t *testing.T) {
 	t.Run("pods scale 2 to 4 and back under load", func(t *testing.T) { testPodsScale(t, env) })
 	t.Run("service EndpointSlices", func(t *testing.T) { testServiceSlices(t, env) })
 	t.Run("chart objects pass API validation", func(t *testing.T) { testChartValidates(t, env) })
+	t.Run("helm install into a restricted namespace", func(t *testing.T) { testHelmInstall(t, env) })
 	t.Run("rules from Rule objects", func(t *testing.T) { testRuleSync(t, env) })
 	t.Run("two replicas agree on discovered pods", func(t *testing.T) { testReplicasAgree(t, env) })
 	t.Run("a rule waiting for pods goes live when one is Ready", func(t *testing.T) { testLatePod(t, env) })
