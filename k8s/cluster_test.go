@@ -39,6 +39,7 @@ func TestCluster(t *testing.T) {
 	t.Run("two replicas agree on discovered pods", func(t *testing.T) { testReplicasAgree(t, env) })
 	t.Run("a rule waiting for pods goes live when one is Ready", func(t *testing.T) { testLatePod(t, env) })
 	t.Run("dual-stack EndpointSlices", func(t *testing.T) { testDualStack(t, env) })
+	t.Run("endpoints from an InferencePool", func(t *testing.T) { testInferencePool(t, env) })
 	t.Run("the API server reports its version", func(t *testing.T) { testServerVersion(t, env) })
 	t.Run("the docs' examples apply", func(t *testing.T) { testDocExamples(t, env) })
 	// Last: it stops and restarts the API server.

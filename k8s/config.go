@@ -3,6 +3,7 @@ package k8s
 import (
 	"fmt"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -30,5 +31,9 @@ func NewSourceFromConfig(cfg *rest.Config, h *Health) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("k8s: clientset: %w", err)
 	}
-	return NewSource(cs, h), nil
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("k8s: dynamic client: %w", err)
+	}
+	return NewSource(cs, h).WithDynamic(dyn), nil
 }

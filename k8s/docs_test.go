@@ -40,7 +40,7 @@ func docYAML(t *testing.T, page string) [][]byte {
 // testDocExamples: every YAML block of docs/kubernetes.md is applied to the
 // API server (strict field validation, with the CRDs installed), and each
 // Rule among them is accepted by a gateway once a Ready pod matches its
-// selector.
+// selector or its InferencePool's.
 func testDocExamples(t *testing.T, env *k8stest.Env) {
 	blocks := docYAML(t, "kubernetes.md")
 	if len(blocks) == 0 {
@@ -48,8 +48,9 @@ func testDocExamples(t *testing.T, env *k8stest.Env) {
 	}
 	cs := env.Client
 	dyn := installRuleCRD(t, env)
+	installPoolCRD(t, env)
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(cs.Discovery()))
-	var rules []*unstructured.Unstructured
+	var rules, pools []*unstructured.Unstructured
 	namespaces := map[string]bool{}
 	for i, blk := range blocks {
 		for _, o := range chartObjects(t, blk) {
@@ -72,26 +73,42 @@ func testDocExamples(t *testing.T, env *k8stest.Env) {
 			if _, err := c.Create(t.Context(), o, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
 				t.Fatalf("block %d: %s %s refused by the API server: %v", i+1, gvk.Kind, o.GetName(), err)
 			}
-			if gvk.Group == k8s.RuleResource.Group && gvk.Kind == "Rule" {
+			switch {
+			case gvk.Group == k8s.RuleResource.Group && gvk.Kind == "Rule":
 				rules = append(rules, o)
+			case gvk.Group == k8s.InferencePoolResource.Group && gvk.Kind == "InferencePool":
+				pools = append(pools, o)
 			}
 		}
 	}
 	if len(rules) == 0 {
 		t.Fatal("the examples hold no Rule")
 	}
-	// A Ready pod for each Rule's selector, so discovery finds one.
-	for i, r := range rules {
-		sel, _, _ := unstructured.NestedStringMap(r.Object, "spec", "endpoints_from", "selector")
-		ns, _, _ := unstructured.NestedString(r.Object, "spec", "endpoints_from", "namespace")
+	// A Ready pod for each Rule's and each InferencePool's selector, so
+	// discovery finds one.
+	n := 0
+	addPod := func(ns string, sel map[string]string) {
 		if len(sel) == 0 {
-			continue
+			return
 		}
-		p := pod(fmt.Sprintf("doc-pod-%d", i), fmt.Sprintf("192.0.2.%d", 60+i), true, nil)
+		n++
+		p := pod(fmt.Sprintf("doc-pod-%d", n), fmt.Sprintf("192.0.2.%d", 60+n), true, nil)
 		p.Labels = sel
 		createPod(t, cs, ns, p)
 	}
-	src := k8s.NewSource(cs, nil)
+	for _, r := range rules {
+		sel, _, _ := unstructured.NestedStringMap(r.Object, "spec", "endpoints_from", "selector")
+		ns, _, _ := unstructured.NestedString(r.Object, "spec", "endpoints_from", "namespace")
+		addPod(ns, sel)
+	}
+	for _, p := range pools {
+		sel, _, _ := unstructured.NestedStringMap(p.Object, "spec", "selector", "matchLabels")
+		addPod(p.GetNamespace(), sel)
+	}
+	src, err := k8s.NewSourceFromConfig(env.Config, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	gw := startGateway(t, src)
 	for ns := range namespaces {
 		runRuleSync(t, dyn, ns, gw, src, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -37,6 +38,7 @@ const AnnotationKVEvents = "llmgw.io/kv-events-endpoint"
 // Close waits for every watch's goroutines after their contexts end.
 type Source struct {
 	cs     kubernetes.Interface
+	dyn    dynamic.Interface // InferencePools; nil: endpoints_from.inference_pool is refused
 	health *Health
 	wg     sync.WaitGroup
 }
@@ -48,6 +50,13 @@ func NewSource(cs kubernetes.Interface, h *Health) *Source {
 		h = NewHealth(nil)
 	}
 	return &Source{cs: cs, health: h}
+}
+
+// WithDynamic lets the source read InferencePool objects through dyn
+// (NewSourceFromConfig does it). It returns s.
+func (s *Source) WithDynamic(dyn dynamic.Interface) *Source {
+	s.dyn = dyn
+	return s
 }
 
 // Health is what counts and logs the source's watch losses.
@@ -88,6 +97,9 @@ func (s *Source) sliceSpec(ns, svc string, attrs []any) watchSpec {
 
 // Watch implements gateway.EndpointSource.
 func (s *Source) Watch(ctx context.Context, from rule.EndpointsFrom, update func([]rule.Endpoint)) ([]rule.Endpoint, error) {
+	if from.InferencePool != "" {
+		return s.watchPool(ctx, from, update)
+	}
 	changed := make(chan struct{}, 1)
 	kick := func([]string) {
 		select {
