@@ -23,12 +23,10 @@ import (
 // after a long outage, so a change made after the API server returned took
 // 20 s and more to arrive; with this one the first try after it returns is
 // at most 2.4 s away. The price is one list or watch request every 2 s per
-// watch while the API server is down.
+// watch while the API server is down. After two minutes without a failure
+// the backoff starts again from its first step (the reflector's
+// defaultBackoffReset).
 var WatchBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Cap: 2 * time.Second, Steps: 10, Jitter: 0.2}
-
-// watchBackoffReset: after this long without a failure the backoff starts
-// again from its first step (client-go's defaultBackoffReset).
-const watchBackoffReset = 2 * time.Minute
 
 // Health counts and logs the loss and restoration of the watches a Source
 // and a RuleSync run: a watch is lost when a list or watch request to the
