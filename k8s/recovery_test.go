@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -114,8 +115,8 @@ func runRuleSync(t *testing.T, dyn dynamic.Interface, ns string, gw k8s.RuleGate
 // testLatePod: a Rule applied before any of its pods is Ready waits on its
 // endpoints instead of a retry backoff, and goes live within 1 s of the
 // first pod becoming Ready, however long it waited and however often its
-// object was touched meanwhile (each touch is a failed attempt, which grew
-// the old retry backoff to 30 s). A Rule with a permanent error (no
+// object was touched meanwhile (each touch is a failed attempt: the old
+// retry backoff grew to 30 s in a second of touches). A Rule with a permanent error (no
 // target_ports) gets its condition and is not retried.
 func testLatePod(t *testing.T, env *k8stest.Env) {
 	const ns = "late-pod"
@@ -149,11 +150,14 @@ func testLatePod(t *testing.T, env *k8stest.Env) {
 			t.Errorf("%s: reason %q message %q, want %q containing %q", tc.name, reason, msg, tc.reason, tc.inMessage)
 		}
 	}
-	// The object is touched (as kubectl apply or a GitOps controller
-	// does): each touch is synced, and refused, again.
-	for i := range 6 {
+	// The object is touched back to back for a second (as a GitOps
+	// controller re-applying it does; the scenario's length, not a wait
+	// for an event): each touch is synced, and refused, again. A retry
+	// backoff would be at its longest by the end.
+	touches := 0
+	for start := time.Now(); touches < 6 || time.Since(start) < time.Second; touches++ {
 		n := cg.count("late")
-		patch := []byte(`{"metadata":{"annotations":{"touched":"` + string(rune('0'+i)) + `"}}}`)
+		patch := []byte(`{"metadata":{"annotations":{"touched":"` + strconv.Itoa(touches) + `"}}}`)
 		if _, err := rules.Patch(t.Context(), "late", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +168,7 @@ func testLatePod(t *testing.T, env *k8stest.Env) {
 		_, err := gw.Rule("late")
 		return err == nil
 	})
-	t.Logf("rule late live %v after its pod became Ready", took.Round(time.Millisecond))
+	t.Logf("rule late live %v after its pod became Ready (%d touches before)", took.Round(time.Millisecond), touches)
 	wait.For(t, 20*time.Second, "late accepted", func() bool { st, _, _, _, _ := accepted(t, dyn, ns, "late"); return st == "True" })
 	if got := endpointIDs(gw, "late"); got != "late-0=192.0.2.20:8000" {
 		t.Errorf("late's endpoints %s, want late-0=192.0.2.20:8000", got)
