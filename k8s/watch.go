@@ -17,16 +17,16 @@ import (
 )
 
 // WatchBackoff is how a lost list or watch is retried: 200 ms, doubling to
-// at most 2 s, each with up to 20% jitter. client-go's reflector default
+// at most 1 s, each with up to 20% jitter. client-go's reflector default
 // (k8s.io/client-go v0.37.2 tools/cache/reflector.go, defaultBackoffInit
 // 800 ms, defaultBackoffMax 30 s, jitter 1.0) is up to 60 s between tries
 // after a long outage, so a change made after the API server returned took
 // 20 s and more to arrive; with this one the first try after it returns is
-// at most 2.4 s away. The price is one list or watch request every 2 s per
-// watch while the API server is down. After two minutes without a failure
+// at most 1.2 s away. The price is about one list or watch request a
+// second per watch while the API server is down. After two minutes without a failure
 // the backoff starts again from its first step (the reflector's
 // defaultBackoffReset).
-var WatchBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Cap: 2 * time.Second, Steps: 10, Jitter: 0.2}
+var WatchBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Cap: time.Second, Steps: 10, Jitter: 0.2}
 
 // Health counts and logs the loss and restoration of the watches a Source
 // and a RuleSync run: a watch is lost when a list or watch request to the
@@ -53,7 +53,7 @@ func NewHealth(log *slog.Logger) *Health {
 			Name: "llmgw_k8s_watch_restored_total", Help: "Lost watches of the Kubernetes API that listed or watched again successfully, by resource.",
 		}, []string{"resource"}),
 		down: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "llmgw_k8s_watches_lost", Help: "Watches of the Kubernetes API lost now (retried every WatchBackoff step, at most 2.4 s apart), by resource.",
+			Name: "llmgw_k8s_watches_lost", Help: "Watches of the Kubernetes API lost now (retried every WatchBackoff step, at most 1.2 s apart), by resource.",
 		}, []string{"resource"}),
 	}
 }

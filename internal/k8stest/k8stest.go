@@ -198,15 +198,17 @@ func Start(t testing.TB) *Env {
 	return &Env{Config: cfg, Client: cs, URL: url, t: t, dir: dir, apiBin: apiBin, apiArgs: apiArgs, hc: hc, api: api}
 }
 
-// StopAPIServer stops the kube-apiserver (etcd keeps running, and with it
-// every object), as an outage of the control plane; StartAPIServer starts
-// it again on the same address.
+// StopAPIServer kills the kube-apiserver (SIGKILL, as a crash: its
+// graceful shutdown waits on open watches for longer than a test should),
+// while etcd keeps running, and with it every object; StartAPIServer
+// starts it again on the same address.
 func (e *Env) StopAPIServer(t testing.TB) {
 	t.Helper()
 	e.hc.CloseIdleConnections()
-	if err := e.api.stop(); err != nil {
-		t.Fatalf("k8stest: stopping kube-apiserver: %v", err)
+	if err := e.api.cmd.Process.Kill(); err != nil {
+		t.Fatalf("k8stest: killing kube-apiserver: %v", err)
 	}
+	<-e.api.done
 }
 
 // StartAPIServer starts the kube-apiserver StopAPIServer stopped, with the
