@@ -21,12 +21,14 @@ build:
 
 # image builds the container image the Helm chart names by default
 # (llmgw:<the chart's appVersion>): FROM scratch holding the static binary
-# (deploy/image/Dockerfile). Needs a Docker daemon; nothing is pulled.
+# (deploy/image/Dockerfile). Needs a Docker daemon; nothing is pulled. The
+# build flags are the fault suite's static build's (reliability/harness), so
+# the two share the Go build cache.
 IMAGE ?= llmgw:$(shell awk '$$1 == "appVersion:" { gsub(/"/, "", $$2); print $$2 }' deploy/helm/llmgw/Chart.yaml)
 .PHONY: image
 image:
 	@mkdir -p bin/image
-	CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -o bin/image/llmgw ./cmd/llmgw
+	CGO_ENABLED=0 $(GO) build -buildvcs=auto -o bin/image/llmgw ./cmd/llmgw
 	cp deploy/image/Dockerfile bin/image/Dockerfile
 	docker build -q -t $(IMAGE) bin/image
 
