@@ -19,6 +19,19 @@ demo:
 build:
 	$(GO) build -buildvcs=auto -o bin/llmgw ./cmd/llmgw
 
+# image builds the container image the Helm chart names by default
+# (llmgw:<the chart's appVersion>): FROM scratch holding the static binary
+# (deploy/image/Dockerfile). Needs a Docker daemon; nothing is pulled. The
+# build flags are the fault suite's static build's (reliability/harness), so
+# the two share the Go build cache.
+IMAGE ?= llmgw:$(shell awk '$$1 == "appVersion:" { gsub(/"/, "", $$2); print $$2 }' deploy/helm/llmgw/Chart.yaml)
+.PHONY: image
+image:
+	@mkdir -p bin/image
+	CGO_ENABLED=0 $(GO) build -buildvcs=auto -o bin/image/llmgw ./cmd/llmgw
+	cp deploy/image/Dockerfile bin/image/Dockerfile
+	docker build -q -t $(IMAGE) bin/image
+
 # kube-apiserver builds the upstream API server from k8s.io/kubernetes in
 # its own module (tools/kube-apiserver), so the main go.mod carries none of
 # it, into bin/ for the real-API-server suite (internal/k8stest; etcd is
@@ -27,8 +40,15 @@ build:
 # helm is the upstream Helm CLI (helm.sh/helm/v3 v3.22.0, tools/helm), for
 # the test that renders deploy/helm/llmgw (about 1 minute to build).
 .PHONY: kube-apiserver helm k8s-bins
+# The module build has no git tree, so the version that hack/lib/version.sh
+# stamps is given here from the module version in tools/kube-apiserver/go.mod
+# (otherwise /version says v0.0.0-master+$$Format:%H$$).
+K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2; exit }' tools/kube-apiserver/go.mod)
+K8S_MAJOR   := $(word 1,$(subst ., ,$(patsubst v%,%,$(K8S_VERSION))))
+K8S_MINOR   := $(word 2,$(subst ., ,$(patsubst v%,%,$(K8S_VERSION))))
+K8S_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=$(K8S_VERSION) -X $(p).gitMajor=$(K8S_MAJOR) -X $(p).gitMinor=$(K8S_MINOR) -X $(p).gitCommit= -X $(p).buildDate=$(shell date -u +%Y-%m-%dT%H:%M:%SZ))
 kube-apiserver:
-	cd tools/kube-apiserver && $(GO) build -trimpath -o ../../bin/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	cd tools/kube-apiserver && $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o ../../bin/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 helm:
 	cd tools/helm && $(GO) build -trimpath -o ../../bin/helm helm.sh/helm/v3/cmd/helm
 k8s-bins: kube-apiserver helm

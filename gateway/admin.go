@@ -137,10 +137,26 @@ func readRuleBody(r *http.Request) (*rule.Rule, error) {
 	return rule.Decode(body)
 }
 
+// ErrRulesManaged refuses an admin API rule write on a server whose rules
+// are written elsewhere (Config.RuleOwner); 409.
+var ErrRulesManaged = errors.New("gateway: rules are managed elsewhere")
+
+// refuseManaged answers 409 when rule name is owned elsewhere.
+func (s *Server) refuseManaged(w http.ResponseWriter, name string) bool {
+	if s.cfg.RuleOwner == nil {
+		return false
+	}
+	writeAdminError(w, fmt.Errorf("%w: rule %q is %s; change it there (llmgw serve --allow-admin-rule-writes lets the admin API write rules too)", ErrRulesManaged, name, s.cfg.RuleOwner(name)))
+	return true
+}
+
 func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 	rl, err := readRuleBody(r)
 	if err != nil {
 		writeAdminError(w, err)
+		return
+	}
+	if s.refuseManaged(w, rl.Name) {
 		return
 	}
 	eff, err := s.Apply(rl, true)
@@ -159,6 +175,9 @@ func (s *Server) handlePut(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
+	if s.refuseManaged(w, name) {
+		return
+	}
 	if rl.Name == "" {
 		rl.Name = name
 	}
@@ -188,6 +207,9 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
+	if s.refuseManaged(w, r.PathValue("name")) {
+		return
+	}
 	var drain time.Duration
 	if v := r.URL.Query().Get("drain"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -386,6 +408,8 @@ func adminStatusFor(err error) (int, string) {
 		return http.StatusMethodNotAllowed, "method_not_allowed"
 	case errors.Is(err, ErrRuleExists):
 		return http.StatusConflict, "rule_exists"
+	case errors.Is(err, ErrRulesManaged):
+		return http.StatusConflict, "rules_managed"
 	default:
 		return http.StatusInternalServerError, "internal_error"
 	}

@@ -66,8 +66,8 @@ func (s *Server) startWatch(written *rule.Rule) (*epWatch, []rule.Endpoint, erro
 	}
 	if len(eps) == 0 {
 		cancel()
-		return nil, nil, &rule.AdmissionError{Code: rule.CodeEndpointsFrom, Field: "endpoints_from",
-			Message: "discovery found no ready endpoint; apply the rule again once a pod is ready"}
+		return nil, nil, &rule.AdmissionError{Code: rule.CodeNoReadyEndpoint, Field: "endpoints_from",
+			Message: "discovery found no ready endpoint; apply the rule again once a pod is ready (--rules-from kubernetes does so by itself)"}
 	}
 	return w, eps, nil
 }

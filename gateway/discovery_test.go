@@ -224,8 +224,9 @@ func TestDiscoveredEndpoints(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := empty.Apply(r, false); err == nil || !strings.Contains(err.Error(), "no ready endpoint") {
-			t.Fatalf("err %v, want no ready endpoint", err)
+		_, err = empty.Apply(r, false)
+		if !errors.Is(err, &rule.AdmissionError{Code: rule.CodeNoReadyEndpoint}) || !strings.Contains(err.Error(), "no ready endpoint") {
+			t.Fatalf("err %v, want %s", err, rule.CodeNoReadyEndpoint)
 		}
 	})
 }

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/llmgw/llmgw/gateway/rule"
@@ -100,6 +101,15 @@ type Config struct {
 	// rules of its own after Start (serve's --rules, --rules-from
 	// kubernetes). Off: ready once Start has installed the persisted rules.
 	AwaitInitialRules bool
+	// RuleOwner, when set, says the rules are written elsewhere (llmgw
+	// serve --rules-from kubernetes: the cluster's Rule objects): given a
+	// rule's name it names the object that owns it, and the admin API
+	// refuses to create, replace or delete rules (409 rules_managed).
+	// Drain and undrain stay allowed: they are not part of a rule.
+	RuleOwner func(name string) string
+	// Collectors are series of other components served on /metrics beside
+	// the gateway's own (package k8s's watch health).
+	Collectors []prometheus.Collector
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -269,6 +279,11 @@ func New(cfg Config) (*Server, error) {
 	s.initialDone.Store(!cfg.AwaitInitialRules)
 	s.budget.limit = cfg.BufferBudget
 	s.metrics = newMetrics(s)
+	for _, c := range cfg.Collectors {
+		if err := s.metrics.reg.Register(c); err != nil {
+			return nil, fmt.Errorf("gateway: metrics collector: %w", err)
+		}
+	}
 	s.table.Store(&routeTable{byListen: map[string]*listenRoutes{}})
 	return s, nil
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -121,9 +122,7 @@ func installCRDs(t *testing.T, dyn dynamic.Interface, objs []*unstructured.Unstr
 
 // testChartValidates: every object helm renders passes the API server's
 // validation (a server-side dry-run create), after the chart's CRDs are
-// installed. ServiceMonitor is the Prometheus Operator's kind: without its
-// CRD the API server cannot validate it, so the test says so and checks
-// only that it is the one kind left.
+// installed.
 func testChartValidates(t *testing.T, env *k8stest.Env) {
 	objs := chartObjects(t, renderChart(t))
 	dyn, err := dynamic.NewForConfig(env.Config)
@@ -141,10 +140,6 @@ func testChartValidates(t *testing.T, env *k8stest.Env) {
 		}
 		gvk := o.GroupVersionKind()
 		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if meta.IsNoMatchError(err) && gvk.Group == "monitoring.coreos.com" {
-			t.Logf("%s %s: its CRD (Prometheus Operator) is not installed here; not validated", gvk.Kind, o.GetName())
-			continue
-		}
 		if err != nil {
 			t.Fatalf("%s %s: %v", gvk, o.GetName(), err)
 		}
@@ -160,13 +155,68 @@ func testChartValidates(t *testing.T, env *k8stest.Env) {
 			t.Errorf("%s %s refused by the API server: %v", gvk.Kind, o.GetName(), err)
 		}
 	}
-	for _, k := range []string{"CustomResourceDefinition", "Deployment", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret", "ServiceMonitor"} {
+	for _, k := range []string{"CustomResourceDefinition", "Deployment", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret", "PodDisruptionBudget"} {
 		if !kinds[k] {
 			t.Errorf("chart renders no %s", k)
 		}
 	}
+	if kinds["ServiceMonitor"] {
+		t.Error("the chart renders a ServiceMonitor by default (it needs the Prometheus Operator's CRD)")
+	}
 	if t.Failed() {
 		t.Logf("kinds rendered: %s", strings.Join(keys(kinds), ", "))
+	}
+}
+
+// helmCmd runs the Helm CLI with its own cache and config directories.
+func helmCmd(t *testing.T, args ...string) ([]byte, error) {
+	t.Helper()
+	cmd := exec.Command(k8stest.Helm(t), args...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	return cmd.CombinedOutput()
+}
+
+// TestChartServiceMonitor: the ServiceMonitor renders only when enabled
+// and the cluster serves its kind; enabled without it, rendering fails
+// with the reason.
+func TestChartServiceMonitor(t *testing.T) {
+	chart := filepath.Join(k8stest.RepoRoot(t), "deploy", "helm", "llmgw")
+	out, err := helmCmd(t, "template", "llmgw", chart, "--set", "serviceMonitor.enabled=true")
+	if err == nil || !strings.Contains(string(out), "ServiceMonitor CRD") {
+		t.Errorf("enabled without the CRD: err %v, output %s; want a failure naming the CRD", err, out)
+	}
+	out, err = helmCmd(t, "template", "llmgw", chart, "--set", "serviceMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
+	if err != nil || !strings.Contains(string(out), "kind: ServiceMonitor") {
+		t.Errorf("enabled with the CRD: err %v; want a ServiceMonitor\n%s", err, out)
+	}
+}
+
+// testHelmInstall: helm install of the chart as it is into the bare API
+// server succeeds in a namespace that enforces the "restricted" Pod
+// Security Standard, and a pod made from the Deployment's template passes
+// admission there (a server-side dry run: no controller manager runs to
+// create the ReplicaSet's pods).
+func testHelmInstall(t *testing.T, env *k8stest.Env) {
+	const ns = "llmgw-restricted"
+	cs := env.Client
+	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	chart := filepath.Join(k8stest.RepoRoot(t), "deploy", "helm", "llmgw")
+	if out, err := helmCmd(t, "install", "gw", chart, "--namespace", ns, "--kubeconfig", env.Kubeconfig(t)); err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	dep, err := cs.AppsV1().Deployments(ns).Get(t.Context(), "gw-llmgw", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gw-llmgw-template", Labels: dep.Spec.Template.Labels}, Spec: dep.Spec.Template.Spec}
+	if _, err := cs.CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatalf("the Deployment's pod refused in a restricted namespace: %v", err)
+	}
+	if _, err := cs.PolicyV1().PodDisruptionBudgets(ns).Get(t.Context(), "gw-llmgw", metav1.GetOptions{}); err != nil {
+		t.Errorf("the chart's PodDisruptionBudget: %v", err)
 	}
 }
 

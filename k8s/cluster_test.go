@@ -34,8 +34,16 @@ func TestCluster(t *testing.T) {
 	t.Run("pods scale 2 to 4 and back under load", func(t *testing.T) { testPodsScale(t, env) })
 	t.Run("service EndpointSlices", func(t *testing.T) { testServiceSlices(t, env) })
 	t.Run("chart objects pass API validation", func(t *testing.T) { testChartValidates(t, env) })
+	t.Run("helm install into a restricted namespace", func(t *testing.T) { testHelmInstall(t, env) })
 	t.Run("rules from Rule objects", func(t *testing.T) { testRuleSync(t, env) })
 	t.Run("two replicas agree on discovered pods", func(t *testing.T) { testReplicasAgree(t, env) })
+	t.Run("a rule waiting for pods goes live when one is Ready", func(t *testing.T) { testLatePod(t, env) })
+	t.Run("dual-stack EndpointSlices", func(t *testing.T) { testDualStack(t, env) })
+	t.Run("endpoints from an InferencePool", func(t *testing.T) { testInferencePool(t, env) })
+	t.Run("the API server reports its version", func(t *testing.T) { testServerVersion(t, env) })
+	t.Run("the docs' examples apply", func(t *testing.T) { testDocExamples(t, env) })
+	// Last: it stops and restarts the API server.
+	t.Run("changes after an API server outage", func(t *testing.T) { testOutage(t, env) })
 }
 
 func namespace(t *testing.T, cs kubernetes.Interface, name string) {
@@ -157,7 +165,7 @@ func testPodsScale(t *testing.T, env *k8stest.Env) {
 	}
 	// A pod that never becomes ready stays out of the set.
 	createPod(t, cs, ns, pod("sim-unready", "127.0.0.99", false, nil))
-	gw := startGateway(t, k8s.NewSource(cs))
+	gw := startGateway(t, k8s.NewSource(cs, nil))
 	r, err := rule.Decode(fmt.Appendf(nil, "name: pool\nmodel_name: m\nsel: rr\nprobe: {disabled: true}\nendpoints_from: {namespace: %s, selector: {app: sim}, target_ports: [%d]}\n", ns, port))
 	if err != nil {
 		t.Fatal(err)
@@ -271,7 +279,7 @@ func testServiceSlices(t *testing.T, env *k8stest.Env) {
 	cs := env.Client
 	namespace(t, cs, ns)
 	createPod(t, cs, ns, pod("engine-a", "192.0.2.10", true, map[string]string{k8s.AnnotationKVEvents: "tcp://192.0.2.10:6000"}))
-	gw := startGateway(t, k8s.NewSource(cs))
+	gw := startGateway(t, k8s.NewSource(cs, nil))
 	apply := func() error {
 		r, err := rule.Decode([]byte("name: svc\nmodel_name: m\nprobe: {disabled: true}\nendpoints_from: {namespace: " + ns + ", service: engines, port_name: http}\n"))
 		if err != nil {

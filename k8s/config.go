@@ -3,6 +3,7 @@ package k8s
 import (
 	"fmt"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -23,11 +24,16 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// NewSourceFromConfig returns a Source over a clientset for cfg.
-func NewSourceFromConfig(cfg *rest.Config) (*Source, error) {
+// NewSourceFromConfig returns a Source over a clientset for cfg, its
+// watches counted and logged by h.
+func NewSourceFromConfig(cfg *rest.Config, h *Health) (*Source, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("k8s: clientset: %w", err)
 	}
-	return NewSource(cs), nil
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("k8s: dynamic client: %w", err)
+	}
+	return NewSource(cs, h).WithDynamic(dyn), nil
 }

@@ -54,7 +54,7 @@ func testReplicasAgree(t *testing.T, env *k8stest.Env) {
 	y := fmt.Sprintf("name: kv\nmodel_name: m\nsel: 8\nkvEngineType: vllm\nkvExactMode: 3\nkvBlockSize: 16\nkvTokenizer: %q\nprobe: {disabled: true}\nendpoints_from: {namespace: %s, selector: {app: sim}, target_ports: [%d]}\n", tok, ns, port)
 	var gws []*gateway.Server
 	for range 2 {
-		gw := startGateway(t, k8s.NewSource(cs))
+		gw := startGateway(t, k8s.NewSource(cs, nil))
 		r, err := rule.Decode([]byte(y))
 		if err != nil {
 			t.Fatal(err)

@@ -13,10 +13,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
@@ -48,56 +49,84 @@ type RuleGateway interface {
 // rule to the object's status. A rule deleted from the cluster is deleted
 // from the gateway; at start, rules the gateway holds that the cluster does
 // not are deleted too (the cluster is the source of truth).
+//
+// A verdict is final for the object's current spec: a rule the gateway
+// refuses is not tried again until the object changes, except that a rule
+// refused because discovery found no ready endpoint (no_ready_endpoint)
+// waits on its endpoints_from and is applied again as soon as the set is
+// not empty. Only failures that are not the rule's (the API server or the
+// gateway could not be reached, a listener could not bind) are retried,
+// with a rate-limited backoff.
 type RuleSync struct {
 	dyn       dynamic.Interface
 	namespace string
 	gw        RuleGateway
+	src       gateway.EndpointSource
+	health    *Health
 	log       *slog.Logger
 	// Drain is how long a deleted rule's in-flight requests may finish.
 	Drain time.Duration
+
+	q       workqueue.TypedRateLimitingInterface[string]
+	ctx     context.Context
+	wg      sync.WaitGroup // waiters
+	mu      sync.Mutex
+	waiting map[string]*waiter
 }
 
-// NewRuleSync returns a RuleSync for namespace.
-func NewRuleSync(dyn dynamic.Interface, namespace string, gw RuleGateway, log *slog.Logger) *RuleSync {
+// waiter is a rule waiting for its first ready endpoint.
+type waiter struct {
+	from   rule.EndpointsFrom
+	cancel context.CancelFunc
+}
+
+// NewRuleSync returns a RuleSync for namespace. src is the endpoint source
+// the gateway discovers with (nil when it has none), which a rule waiting
+// for its first ready endpoint watches; h counts and logs the loss of the
+// Rule watch (nil: a Health of its own).
+func NewRuleSync(dyn dynamic.Interface, namespace string, gw RuleGateway, src gateway.EndpointSource, h *Health, log *slog.Logger) *RuleSync {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &RuleSync{dyn: dyn, namespace: namespace, gw: gw, log: log, Drain: 10 * time.Second}
+	if h == nil {
+		h = NewHealth(log)
+	}
+	return &RuleSync{dyn: dyn, namespace: namespace, gw: gw, src: src, health: h, log: log, Drain: 10 * time.Second, waiting: map[string]*waiter{}}
 }
 
-// Run syncs until ctx ends. It returns once the informer has synced and
-// the gateway holds the cluster's rules (each applied once), leaving a
+// Run syncs until ctx ends. It returns once the Rule objects are listed
+// and the gateway holds the cluster's rules (each applied once), leaving a
 // goroutine that follows changes; wg is done when it has stopped.
 func (s *RuleSync) Run(ctx context.Context, wg *sync.WaitGroup) error {
-	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.dyn, 0, s.namespace, nil)
-	inf := f.ForResource(RuleResource).Informer()
-	q := workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 30*time.Second))
-	enqueue := func(obj any) {
-		if k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-			q.Add(k)
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue,
-	}); err != nil {
-		return fmt.Errorf("k8s: rule handler: %w", err)
-	}
+	s.q = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 30*time.Second))
 	ictx, cancel := context.WithCancel(ctx)
+	s.ctx = ictx
 	var run sync.WaitGroup
-	run.Add(1)
-	go func() { defer run.Done(); inf.RunWithContext(ictx) }()
-	stop := func() { cancel(); q.ShutDown(); run.Wait() }
-	if !cache.WaitForCacheSync(ictx.Done(), inf.HasSynced) {
-		stop()
-		if err := ctx.Err(); err != nil {
-			return err
+	rules := s.dyn.Resource(RuleResource).Namespace(s.namespace)
+	w := s.health.run(ictx, &run, watchSpec{resource: "rules", expected: &unstructured.Unstructured{}, attrs: []any{"namespace", s.namespace},
+		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return rules.List(ctx, o) },
+		watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return rules.Watch(ctx, o)
+		},
+	}, func(keys []string) {
+		for _, k := range keys {
+			s.q.Add(k)
 		}
-		return errors.New("k8s: rule informer did not sync")
+	})
+	stop := func() {
+		cancel()
+		s.q.ShutDown()
+		run.Wait()
+		s.wg.Wait()
+	}
+	if !waitSynced(ictx, w) {
+		stop()
+		return ctx.Err()
 	}
 	// The cluster is the source of truth: rules the gateway kept on disk
 	// that no longer exist as objects go.
 	for _, st := range s.gw.Rules() {
-		if _, ok, _ := inf.GetStore().GetByKey(s.namespace + "/" + st.Rule.Name); !ok {
+		if _, ok, _ := w.store.GetByKey(s.namespace + "/" + st.Rule.Name); !ok {
 			if _, err := s.gw.Delete(st.Rule.Name, 0); err != nil && !errors.Is(err, gateway.ErrRuleNotFound) {
 				s.log.Error("deleting a rule not in the cluster", "rule", st.Rule.Name, "err", err)
 			}
@@ -105,34 +134,34 @@ func (s *RuleSync) Run(ctx context.Context, wg *sync.WaitGroup) error {
 	}
 	// Apply what is there before returning, so a replica is ready with the
 	// cluster's rules.
-	for q.Len() > 0 {
-		s.next(ctx, q, inf.GetStore())
+	for s.q.Len() > 0 {
+		s.next(ctx, w.store)
 	}
 	run.Add(1)
-	go func() { defer run.Done(); <-ictx.Done(); q.ShutDown() }()
+	go func() { defer run.Done(); <-ictx.Done(); s.q.ShutDown() }()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		defer stop()
-		for s.next(ctx, q, inf.GetStore()) {
+		for s.next(ctx, w.store) {
 		}
 	}()
 	return nil
 }
 
 // next handles one queued key; false when the queue has shut down.
-func (s *RuleSync) next(ctx context.Context, q workqueue.TypedRateLimitingInterface[string], store cache.Store) bool {
-	key, shutdown := q.Get()
+func (s *RuleSync) next(ctx context.Context, store cache.Store) bool {
+	key, shutdown := s.q.Get()
 	if shutdown {
 		return false
 	}
-	defer q.Done(key)
+	defer s.q.Done(key)
 	if err := s.sync(ctx, key, store); err != nil {
 		s.log.Warn("rule sync failed; retrying", "rule", key, "err", err)
-		q.AddRateLimited(key)
+		s.q.AddRateLimited(key)
 		return true
 	}
-	q.Forget(key)
+	s.q.Forget(key)
 	return true
 }
 
@@ -147,13 +176,19 @@ func (s *RuleSync) sync(ctx context.Context, key string, store cache.Store) erro
 		return err
 	}
 	if !ok {
+		s.stopWaiting(key)
 		if _, err := s.gw.Delete(name, s.Drain); err != nil && !errors.Is(err, gateway.ErrRuleNotFound) {
 			return err
 		}
 		return nil
 	}
 	u := obj.(*unstructured.Unstructured)
-	eff, applyErr := s.apply(u)
+	written, eff, applyErr := s.apply(u)
+	if errors.Is(applyErr, &rule.AdmissionError{Code: rule.CodeNoReadyEndpoint}) && written != nil && written.EndpointsFrom != nil {
+		s.waitFor(key, *written.EndpointsFrom)
+	} else {
+		s.stopWaiting(key)
+	}
 	if err := s.writeStatus(ctx, u, eff, applyErr); err != nil {
 		return err
 	}
@@ -162,21 +197,66 @@ func (s *RuleSync) sync(ctx context.Context, key string, store cache.Store) erro
 	if applyErr != nil && !errors.As(applyErr, &adm) && !errors.As(applyErr, &fe) && !errors.Is(applyErr, rule.ErrSyntax) {
 		return applyErr // not the rule's fault: try again
 	}
-	if adm != nil && adm.Code == rule.CodeEndpointsFrom {
-		return applyErr // discovery may find endpoints later
+	return nil // applied, or refused until the object (or, waiting, its endpoints) change
+}
+
+// waitFor watches from until it has a ready endpoint, then queues key
+// again. A waiter for the same endpoints_from is kept.
+func (s *RuleSync) waitFor(key string, from rule.EndpointsFrom) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.waiting[key]; w != nil {
+		if reflect.DeepEqual(w.from, from) {
+			return
+		}
+		w.cancel()
 	}
-	return nil
+	if s.src == nil {
+		s.log.Error("rule waits for a ready endpoint, but this rule sync has no endpoint source to watch; it is applied again only when the object changes", "rule", key)
+		return
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	s.waiting[key] = &waiter{from: from, cancel: cancel}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		eps, err := s.src.Watch(ctx, from, func(eps []rule.Endpoint) {
+			if len(eps) > 0 {
+				s.q.Add(key)
+			}
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("watching a waiting rule's endpoints", "rule", key, "err", err)
+			}
+			return
+		}
+		if len(eps) > 0 {
+			s.q.Add(key) // ready between the gateway's look and ours
+		}
+	}()
+}
+
+// stopWaiting ends key's waiter, if any.
+func (s *RuleSync) stopWaiting(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.waiting[key]; w != nil {
+		w.cancel()
+		delete(s.waiting, key)
+	}
 }
 
 // apply decodes the object's spec with the gateway's strict decoder and
-// applies it. The rule's name is the object's name.
-func (s *RuleSync) apply(u *unstructured.Unstructured) (*rule.Rule, error) {
+// applies it. The rule's name is the object's name. It returns the decoded
+// rule (nil when it does not decode) and the effective one.
+func (s *RuleSync) apply(u *unstructured.Unstructured) (written, eff *rule.Rule, err error) {
 	spec, ok := u.Object["spec"].(map[string]any)
 	if !ok {
-		return nil, &rule.FieldError{Path: "spec", Message: "missing; a Rule needs a spec"}
+		return nil, nil, &rule.FieldError{Path: "spec", Message: "missing; a Rule needs a spec"}
 	}
 	if n, has := spec["name"]; has && n != u.GetName() {
-		return nil, &rule.FieldError{Path: "spec.name", Message: fmt.Sprintf("%v differs from metadata.name %q; leave it out (the object's name is the rule's name)", n, u.GetName())}
+		return nil, nil, &rule.FieldError{Path: "spec.name", Message: fmt.Sprintf("%v differs from metadata.name %q; leave it out (the object's name is the rule's name)", n, u.GetName())}
 	}
 	body := make(map[string]any, len(spec)+1)
 	for k, v := range spec {
@@ -185,13 +265,14 @@ func (s *RuleSync) apply(u *unstructured.Unstructured) (*rule.Rule, error) {
 	body["name"] = u.GetName()
 	js, err := json.Marshal(body)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	r, err := rule.Decode(js)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return s.gw.Apply(r, false)
+	eff, err = s.gw.Apply(r, false)
+	return r, eff, err
 }
 
 // writeStatus records the verdict on the object's status subresource when

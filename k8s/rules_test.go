@@ -106,7 +106,7 @@ func testRuleSync(t *testing.T, env *k8stest.Env) {
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	if err := k8s.NewRuleSync(dyn, ns, gw, slog.New(slog.NewTextHandler(io.Discard, nil))).Run(ctx, &wg); err != nil {
+	if err := k8s.NewRuleSync(dyn, ns, gw, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil))).Run(ctx, &wg); err != nil {
 		t.Fatal(err)
 	}
 	// Run returns with the cluster's rules applied and the local one gone.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,7 +18,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -29,80 +32,108 @@ import (
 // (tcp://<pod IP>:<kvZmqPort>).
 const AnnotationKVEvents = "llmgw.io/kv-events-endpoint"
 
-// Source implements gateway.EndpointSource over a clientset. Each Watch runs
-// its own informers, filtered to the rule's namespace and labels, so a
-// gateway lists and watches only what its rules name. Close waits for every
-// watch's goroutines after their contexts end.
+// Source implements gateway.EndpointSource over a clientset. Each Watch
+// runs its own list and watch per kind, filtered to the rule's namespace
+// and labels, so a gateway lists and watches only what its rules name.
+// Close waits for every watch's goroutines after their contexts end.
 type Source struct {
-	cs kubernetes.Interface
-	wg sync.WaitGroup
+	cs     kubernetes.Interface
+	dyn    dynamic.Interface // InferencePools; nil: endpoints_from.inference_pool is refused
+	health *Health
+	wg     sync.WaitGroup
 }
 
-// NewSource returns a Source reading through cs.
-func NewSource(cs kubernetes.Interface) *Source { return &Source{cs: cs} }
+// NewSource returns a Source reading through cs; h counts and logs its
+// watches' losses (nil: a Health of its own logging to slog.Default()).
+func NewSource(cs kubernetes.Interface, h *Health) *Source {
+	if h == nil {
+		h = NewHealth(nil)
+	}
+	return &Source{cs: cs, health: h}
+}
+
+// WithDynamic lets the source read InferencePool objects through dyn
+// (NewSourceFromConfig does it). It returns s.
+func (s *Source) WithDynamic(dyn dynamic.Interface) *Source {
+	s.dyn = dyn
+	return s
+}
+
+// Health is what counts and logs the source's watch losses.
+func (s *Source) Health() *Health { return s.health }
 
 // Wait blocks until the goroutines of every watch whose context has ended
 // have stopped.
 func (s *Source) Wait() { s.wg.Wait() }
 
+// podSpec watches the pods of ns matching sel ("" every pod).
+func (s *Source) podSpec(ns, sel string, attrs []any) watchSpec {
+	pods := s.cs.CoreV1().Pods(ns)
+	return watchSpec{resource: "pods", expected: &corev1.Pod{}, attrs: attrs,
+		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			return pods.List(ctx, o)
+		},
+		watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			return pods.Watch(ctx, o)
+		}}
+}
+
+// sliceSpec watches the EndpointSlices of Service svc in ns.
+func (s *Source) sliceSpec(ns, svc string, attrs []any) watchSpec {
+	sel := labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc}).String()
+	sl := s.cs.DiscoveryV1().EndpointSlices(ns)
+	return watchSpec{resource: "endpointslices", expected: &discoveryv1.EndpointSlice{}, attrs: attrs,
+		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			return sl.List(ctx, o)
+		},
+		watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			return sl.Watch(ctx, o)
+		}}
+}
+
 // Watch implements gateway.EndpointSource.
 func (s *Source) Watch(ctx context.Context, from rule.EndpointsFrom, update func([]rule.Endpoint)) ([]rule.Endpoint, error) {
-	filtered := func(sel string) informers.SharedInformerFactory {
-		return informers.NewSharedInformerFactoryWithOptions(s.cs, 0, informers.WithNamespace(from.Namespace),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
-	}
-	var podInf, sliceInf cache.SharedIndexInformer
-	if from.Service != "" {
-		// Every pod of the namespace: an EndpointSlice's targetRef names
-		// the pod whose annotation may set its KV-events address.
-		podInf = filtered("").Core().V1().Pods().Informer()
-		sliceInf = filtered(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: from.Service}).String()).Discovery().V1().EndpointSlices().Informer()
-	} else {
-		podInf = filtered(labels.SelectorFromSet(from.Selector).String()).Core().V1().Pods().Informer()
+	if from.InferencePool != "" {
+		return s.watchPool(ctx, from, update)
 	}
 	changed := make(chan struct{}, 1)
-	kick := func() {
+	kick := func([]string) {
 		select {
 		case changed <- struct{}{}:
 		default:
 		}
 	}
-	h := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { kick() },
-		UpdateFunc: func(any, any) { kick() },
-		DeleteFunc: func(any) { kick() },
-	}
-	if _, err := podInf.AddEventHandler(h); err != nil {
-		return nil, fmt.Errorf("k8s: pod handler: %w", err)
-	}
-	if sliceInf != nil {
-		if _, err := sliceInf.AddEventHandler(h); err != nil {
-			return nil, fmt.Errorf("k8s: EndpointSlice handler: %w", err)
-		}
-	}
 	wctx, cancel := context.WithCancel(ctx)
 	var run sync.WaitGroup
-	run.Add(1)
-	go func() { defer run.Done(); podInf.RunWithContext(wctx) }()
-	synced := []cache.InformerSynced{podInf.HasSynced}
-	if sliceInf != nil {
-		run.Add(1)
-		go func() { defer run.Done(); sliceInf.RunWithContext(wctx) }()
-		synced = append(synced, sliceInf.HasSynced)
+	var pods, sl *watched
+	if from.Service != "" {
+		attrs := []any{"namespace", from.Namespace, "service", from.Service}
+		// Every pod of the namespace: an EndpointSlice's targetRef names
+		// the pod whose annotation may set its KV-events address.
+		pods = s.health.run(wctx, &run, s.podSpec(from.Namespace, "", attrs), kick)
+		sl = s.health.run(wctx, &run, s.sliceSpec(from.Namespace, from.Service, attrs), kick)
+	} else {
+		sel := labels.SelectorFromSet(from.Selector).String()
+		pods = s.health.run(wctx, &run, s.podSpec(from.Namespace, sel, []any{"namespace", from.Namespace, "selector", sel}), kick)
 	}
 	compute := func() []rule.Endpoint {
-		if sliceInf != nil {
-			return fromSlices(sliceInf.GetStore().List(), podInf.GetStore(), from)
+		if sl != nil {
+			return fromSlices(sl.store.List(), pods.store, from)
 		}
-		return fromPods(podInf.GetStore().List(), from)
+		return fromPods(pods.store.List(), from)
 	}
-	if !cache.WaitForCacheSync(wctx.Done(), synced...) {
+	ws := []*watched{pods}
+	if sl != nil {
+		ws = append(ws, sl)
+	}
+	if !waitSynced(wctx, ws...) {
 		cancel()
 		run.Wait()
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		return nil, errors.New("k8s: informers did not sync")
+		return nil, ctx.Err()
 	}
 	cur := compute()
 	s.wg.Add(1)
@@ -171,9 +202,13 @@ func fromPods(objs []any, from rule.EndpointsFrom) []rule.Endpoint {
 // may carry the KV-events annotation; an address without a pod is named
 // <ip>:<port>. EndpointSlices may list an address twice while they are
 // being rebalanced: the first wins.
+//
+// A dual-stack Service has an IPv4 and an IPv6 slice listing the same
+// pods: a pod is one endpoint, on its IPv4 address when it has one
+// (preferIPv4), so a worker is counted, balanced and named once.
 func fromSlices(objs []any, pods cache.Store, from rule.EndpointsFrom) []rule.Endpoint {
 	var out []rule.Endpoint
-	seen := map[string]bool{}
+	seen := map[string]int{} // id -> index in out
 	for _, o := range objs {
 		sl, ok := o.(*discoveryv1.EndpointSlice)
 		if !ok {
@@ -192,12 +227,7 @@ func fromSlices(objs []any, pods cache.Store, from rule.EndpointsFrom) []rule.En
 				continue
 			}
 			for _, addr := range e.Addresses {
-				key := addr + ":" + strconv.Itoa(port)
-				if seen[key] {
-					continue
-				}
-				seen[key] = true
-				ep := rule.Endpoint{ID: key, EndpointIP: addr, TargetPort: port}
+				ep := rule.Endpoint{ID: rule.EndpointID(addr, port), EndpointIP: addr, TargetPort: port}
 				if ref := e.TargetRef; ref != nil && ref.Kind == "Pod" {
 					if len(e.Addresses) == 1 {
 						ep.ID = ref.Name
@@ -206,12 +236,27 @@ func fromSlices(objs []any, pods cache.Store, from rule.EndpointsFrom) []rule.En
 						ep.KVEventsEndpoint = po.(*corev1.Pod).Annotations[AnnotationKVEvents]
 					}
 				}
+				if i, dup := seen[ep.ID]; dup {
+					if preferIPv4(out[i].EndpointIP, addr) {
+						out[i] = ep
+					}
+					continue
+				}
+				seen[ep.ID] = len(out)
 				out = append(out, ep)
 			}
 		}
 	}
 	slices.SortFunc(out, func(a, b rule.Endpoint) int { return cmpString(a.ID, b.ID) })
 	return out
+}
+
+// preferIPv4 says whether next replaces have for one pod: only an IPv4
+// address replaces an IPv6 one, so the pick does not depend on the order
+// the slices are listed in.
+func preferIPv4(have, next string) bool {
+	h, n := net.ParseIP(have), net.ParseIP(next)
+	return h != nil && n != nil && h.To4() == nil && n.To4() != nil
 }
 
 // slicePort picks the EndpointSlice port named name, or its only port.
@@ -248,7 +293,7 @@ func cmpString(a, b string) int {
 // Resolve returns the endpoint set of from once, as a rule's watch would
 // start with it (llmgw runbook converged --endpoints-from uses it).
 func Resolve(ctx context.Context, cs kubernetes.Interface, from rule.EndpointsFrom) ([]rule.Endpoint, error) {
-	s := NewSource(cs)
+	s := NewSource(cs, nil)
 	wctx, cancel := context.WithCancel(ctx)
 	defer s.Wait()
 	defer cancel()

@@ -426,9 +426,22 @@ func checkEndpointsFrom(r *Rule) *AdmissionError {
 	if !validK8sName(f.Namespace) {
 		return bad(CodeEndpointsFrom, "endpoints_from.namespace", "namespace %q is not a Kubernetes namespace name (lower-case letters, digits, '-', 1..63)", truncate(f.Namespace, 80))
 	}
+	n := 0
+	for _, set := range []bool{f.Service != "", len(f.Selector) > 0, f.InferencePool != ""} {
+		if set {
+			n++
+		}
+	}
 	switch {
-	case f.Service != "" && len(f.Selector) > 0:
-		return bad(CodeEndpointsFrom, "endpoints_from", "give service or selector, not both")
+	case n > 1:
+		return bad(CodeEndpointsFrom, "endpoints_from", "give one of service, selector and inference_pool")
+	case f.InferencePool != "":
+		if !validK8sSubdomain(f.InferencePool) {
+			return bad(CodeEndpointsFrom, "endpoints_from.inference_pool", "inference_pool %q is not a Kubernetes object name (lower-case letters, digits, '-', '.', 1..253)", truncate(f.InferencePool, 80))
+		}
+		if len(f.TargetPorts) > 0 || f.PortName != "" {
+			return bad(CodeEndpointsFrom, "endpoints_from.target_ports", "an InferencePool gives its selector and targetPorts; remove target_ports and port_name")
+		}
 	case f.Service != "":
 		if !validK8sName(f.Service) {
 			return bad(CodeEndpointsFrom, "endpoints_from.service", "service %q is not a Kubernetes Service name", truncate(f.Service, 80))
@@ -456,9 +469,24 @@ func checkEndpointsFrom(r *Rule) *AdmissionError {
 			}
 		}
 	default:
-		return bad(CodeEndpointsFrom, "endpoints_from", "give service (a Service's EndpointSlices) or selector with target_ports (pods by label)")
+		return bad(CodeEndpointsFrom, "endpoints_from", "give service (a Service's EndpointSlices), selector with target_ports (pods by label) or inference_pool (an InferencePool's pods)")
 	}
 	return nil
+}
+
+// validK8sSubdomain reports whether s is an RFC 1123 DNS subdomain, the
+// form of most object names (an InferencePool's among them): DNS labels
+// joined by dots, 253 characters at most.
+func validK8sSubdomain(s string) bool {
+	if len(s) == 0 || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if !validK8sName(l) {
+			return false
+		}
+	}
+	return true
 }
 
 // validK8sName reports whether s is an RFC 1123 DNS label, the form of a

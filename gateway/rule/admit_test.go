@@ -38,6 +38,10 @@ func svcRule() *Rule {
 	return &Rule{Name: "svc", ModelName: "m", EndpointsFrom: &EndpointsFrom{Namespace: "llm", Service: "vllm", PortName: "http"}}
 }
 
+func poolRule() *Rule {
+	return &Rule{Name: "pool", ModelName: "m", EndpointsFrom: &EndpointsFrom{Namespace: "llm", InferencePool: "vllm-llama3-8b.v1"}}
+}
+
 // pdRule is a valid SGLang P/D rule.
 func pdRule() *Rule {
 	return &Rule{
@@ -97,6 +101,10 @@ func TestAdmitRules(t *testing.T) {
 		{name: "valid trtllm pd", base: trtRule},
 		{name: "valid endpoints_from pods", base: podsRule},
 		{name: "valid endpoints_from service", base: svcRule},
+		{name: "valid endpoints_from inference_pool", base: poolRule},
+		{name: "endpoints_from inference_pool and selector", base: poolRule, mutate: func(r *Rule) { r.EndpointsFrom.Selector = map[string]string{"app": "x"} }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from"},
+		{name: "endpoints_from inference_pool bad name", base: poolRule, mutate: func(r *Rule) { r.EndpointsFrom.InferencePool = "Pool_1" }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.inference_pool"},
+		{name: "endpoints_from inference_pool with target_ports", base: poolRule, mutate: func(r *Rule) { r.EndpointsFrom.TargetPorts = []int{8000} }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.target_ports"},
 		{name: "endpoints_from with endpoints", base: podsRule, mutate: func(r *Rule) { r.Endpoints = plainRule().Endpoints }, wantCode: CodeEndpointsFrom, wantField: "endpoints"},
 		{name: "endpoints_from with pd", base: podsRule, mutate: func(r *Rule) { r.PDDisaggMode = true }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from"},
 		{name: "endpoints_from bad namespace", base: podsRule, mutate: func(r *Rule) { r.EndpointsFrom.Namespace = "Upper" }, wantCode: CodeEndpointsFrom, wantField: "endpoints_from.namespace"},

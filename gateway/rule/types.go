@@ -87,9 +87,10 @@ type Rule struct {
 }
 
 // EndpointsFrom names where a rule's endpoints come from in a cluster: a
-// Service's EndpointSlices, or pods selected by labels (the shape of a
-// Gateway API Inference Extension InferencePool: selector, targetPorts).
-// Exactly one of Service and Selector is set. Only ready addresses count:
+// Service's EndpointSlices, pods selected by labels (the shape of a
+// Gateway API Inference Extension InferencePool: selector, targetPorts), or
+// an InferencePool object itself. Exactly one of Service, Selector and
+// InferencePool is set. Only ready addresses count:
 // an endpoint whose pod is not ready is not in the set.
 type EndpointsFrom struct {
 	// Namespace of the Service or pods; required.
@@ -105,7 +106,19 @@ type EndpointsFrom struct {
 	// required with Selector, each 1..65535. A pod with several ports gives
 	// one endpoint per port.
 	TargetPorts []int `json:"target_ports,omitempty"`
+	// InferencePool names an InferencePool (inference.networking.k8s.io/v1,
+	// the Gateway API Inference Extension's API) in Namespace: its
+	// spec.selector.matchLabels select the pods and its
+	// spec.targetPorts[].number are their ports, followed as the object
+	// changes.
+	InferencePool string `json:"inference_pool,omitempty"`
 }
+
+// CodeNoReadyEndpoint is the admission code of a rule whose endpoints_from
+// is valid but found no ready endpoint when the rule was applied: a state
+// of the cluster, not a fault of the rule (the gateway gives it, not Admit;
+// the Kubernetes rule sync applies the rule again once one is ready).
+const CodeNoReadyEndpoint = "no_ready_endpoint"
 
 // Endpoint is one worker of a rule.
 type Endpoint struct {

@@ -48,6 +48,14 @@ type Env struct {
 	Client kubernetes.Interface
 	// URL is the API server's https address.
 	URL string
+
+	t        testing.TB // the test that started the control plane
+	dir      string
+	apiBin   string
+	apiArgs  []string
+	hc       *http.Client
+	api      *proc
+	restarts int
 }
 
 // Binaries returns the etcd and kube-apiserver paths, or why they are not
@@ -118,13 +126,13 @@ func Start(t testing.TB) *Env {
 		etcdURL = "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 		peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
 		name := "etcd-" + strconv.Itoa(attempt)
-		etcdDone := startProc(t, dir, name, etcdBin,
+		etcd := startProc(t, dir, name, etcdBin,
 			"--name=default", "--data-dir="+filepath.Join(dir, name),
 			"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
 			"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
 			"--initial-cluster=default="+peerURL,
 		)
-		err := waitHTTP(etcdDone, http.DefaultClient, etcdURL+"/health")
+		err := waitHTTP(etcd.done, http.DefaultClient, etcdURL+"/health")
 		if err == nil {
 			break
 		}
@@ -137,17 +145,18 @@ func Start(t testing.TB) *Env {
 	var cfg *rest.Config
 	var hc *http.Client
 	var url string
+	var api *proc
+	var apiArgs []string
 	for attempt := 1; ; attempt++ {
 		port := freePort(t)
 		url = "https://127.0.0.1:" + strconv.Itoa(port)
 		name := "kube-apiserver-" + strconv.Itoa(attempt)
-		apiDone := startProc(t, dir, name, apiBin,
-			"--etcd-servers="+etcdURL,
-			"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
-			"--cert-dir="+filepath.Join(dir, "certs"),
-			"--tls-cert-file="+pki.serverCert, "--tls-private-key-file="+pki.serverKey,
-			"--client-ca-file="+pki.caCert,
-			"--service-account-issuer="+url, "--service-account-key-file="+pki.saPub, "--service-account-signing-key-file="+pki.saKey,
+		apiArgs = []string{"--etcd-servers=" + etcdURL,
+			"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port),
+			"--cert-dir=" + filepath.Join(dir, "certs"),
+			"--tls-cert-file=" + pki.serverCert, "--tls-private-key-file=" + pki.serverKey,
+			"--client-ca-file=" + pki.caCert,
+			"--service-account-issuer=" + url, "--service-account-key-file=" + pki.saPub, "--service-account-signing-key-file=" + pki.saKey,
 			"--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
 			"--authorization-mode=RBAC",
 			// No controller manager runs, so no default ServiceAccount
@@ -157,7 +166,8 @@ func Start(t testing.TB) *Env {
 			// The kubernetes Service's endpoints may not be a loopback
 			// address; nothing here needs that Service.
 			"--endpoint-reconciler-type=none",
-		)
+		}
+		api = startProc(t, dir, name, apiBin, apiArgs...)
 		cfg = &rest.Config{
 			Host: url,
 			TLSClientConfig: rest.TLSClientConfig{
@@ -170,7 +180,7 @@ func Start(t testing.TB) *Env {
 			t.Fatal(err)
 		}
 		hc = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
-		err = waitHTTP(apiDone, hc, url+"/readyz")
+		err = waitHTTP(api.done, hc, url+"/readyz")
 		if err == nil {
 			break
 		}
@@ -185,7 +195,34 @@ func Start(t testing.TB) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Env{Config: cfg, Client: cs, URL: url}
+	return &Env{Config: cfg, Client: cs, URL: url, t: t, dir: dir, apiBin: apiBin, apiArgs: apiArgs, hc: hc, api: api}
+}
+
+// StopAPIServer kills the kube-apiserver (SIGKILL, as a crash: its
+// graceful shutdown waits on open watches for longer than a test should),
+// while etcd keeps running, and with it every object; StartAPIServer
+// starts it again on the same address.
+func (e *Env) StopAPIServer(t testing.TB) {
+	t.Helper()
+	e.hc.CloseIdleConnections()
+	if err := e.api.cmd.Process.Kill(); err != nil {
+		t.Fatalf("k8stest: killing kube-apiserver: %v", err)
+	}
+	<-e.api.done
+}
+
+// StartAPIServer starts the kube-apiserver StopAPIServer stopped, with the
+// same flags and port, and returns once it answers /readyz.
+func (e *Env) StartAPIServer(t testing.TB) {
+	t.Helper()
+	e.restarts++
+	// The process belongs to the test that started the control plane,
+	// not to the (sub)test restarting it.
+	e.api = startProc(e.t, e.dir, "kube-apiserver-restart-"+strconv.Itoa(e.restarts), e.apiBin, e.apiArgs...)
+	if err := waitHTTP(e.api.done, e.hc, e.URL+"/readyz"); err != nil {
+		t.Fatalf("k8stest: kube-apiserver after a restart: %v", err)
+	}
+	e.hc.CloseIdleConnections()
 }
 
 // freePort asks the kernel for a free port on 127.0.0.1. etcd and
@@ -202,10 +239,34 @@ func freePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// proc is a running control-plane process; done closes when it exits.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// stop ends the process (SIGTERM, then SIGKILL after 15 s).
+func (p *proc) stop() error {
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return err
+	}
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	return nil
+}
+
 // startProc runs a control-plane process until the test ends; its output
-// goes to <dir>/<name>.log, shown when the test fails. The returned channel
-// closes when the process exits.
-func startProc(t testing.TB, dir, name, bin string, args ...string) <-chan struct{} {
+// goes to <dir>/<name>.log, shown when the test fails.
+func startProc(t testing.TB, dir, name, bin string, args ...string) *proc {
 	t.Helper()
 	logPath := filepath.Join(dir, name+".log")
 	lf, err := os.Create(logPath)
@@ -219,16 +280,10 @@ func startProc(t testing.TB, dir, name, bin string, args ...string) <-chan struc
 		lf.Close()
 		t.Fatalf("k8stest: starting %s: %v", name, err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		_ = p.stop()
 		lf.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
@@ -238,7 +293,7 @@ func startProc(t testing.TB, dir, name, bin string, args ...string) <-chan struc
 			t.Logf("%s log (tail):\n%s", name, b)
 		}
 	})
-	return done
+	return p
 }
 
 // logTail is the end of a process's log, for a start that failed.

@@ -64,6 +64,9 @@ type ServeOptions struct {
 	// requests then get.
 	DrainWindow     time.Duration
 	ShutdownTimeout time.Duration
+	// AllowAdminRuleWrites lets the admin API write rules under
+	// --rules-from kubernetes.
+	AllowAdminRuleWrites bool
 }
 
 // Stop defaults. Kubernetes' default terminationGracePeriodSeconds is 30 s:
@@ -152,7 +155,8 @@ load. BENCHMARKS.md measures both.`,
 	f.BoolVar(&opts.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the admin listener (behind the admin token when one is set)")
 	f.StringVar(&opts.EndpointsSource, "endpoints-source", "", `"kubernetes": rules with endpoints_from discover their endpoints from the cluster's EndpointSlices or pods ("" refuses such rules)`)
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig for --endpoints-source kubernetes (default $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
-	f.StringVar(&opts.RulesFrom, "rules-from", "", `"kubernetes": apply the Rule objects (rules.llmgw.io) of --rules-namespace with the same admission and write each verdict to its status; "" keeps rules on local disk only`)
+	f.StringVar(&opts.RulesFrom, "rules-from", "", `"kubernetes": apply the Rule objects (group llmgw.io, kind Rule: rules.llmgw.io) of --rules-namespace with the same admission and write each verdict to its status; the admin API then refuses rule writes (409 rules_managed); "" keeps rules on local disk only`)
+	f.BoolVar(&opts.AllowAdminRuleWrites, "allow-admin-rule-writes", false, "with --rules-from kubernetes, let the admin API create, replace and delete rules too (a rule no Rule object names is deleted at the next start)")
 	f.StringVar(&opts.RulesNamespace, "rules-namespace", "default", "namespace of the Rule objects read by --rules-from kubernetes")
 	f.BoolVar(&opts.ReadyzStrict, "readyz-strict", false, "/readyz is ready only while every rule can serve (default: while any rule can; the body names those that cannot)")
 	f.DurationVar(&opts.DrainWindow, "drain-window", defaultDrainWindow, "after SIGTERM, how long the data plane keeps accepting and serving while /readyz says 503, so that load balancers stop sending first; the default is Kubernetes' default terminationGracePeriodSeconds (30s) less --shutdown-timeout's default (8s) and 2s for the exit; with a longer grace period, raise it with the period (0: stop accepting at once)")
@@ -246,6 +250,9 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	default:
 		return usageErrorf("--rules-from %q: want kubernetes or nothing", opts.RulesFrom)
 	}
+	if opts.AllowAdminRuleWrites && opts.RulesFrom != "kubernetes" {
+		return usageErrorf("--allow-admin-rule-writes goes with --rules-from kubernetes (without it the admin API writes rules anyway)")
+	}
 	var kcfg *rest.Config
 	if opts.EndpointsSource != "" || opts.RulesFrom != "" {
 		if kcfg, err = k8s.RESTConfig(opts.Kubeconfig); err != nil {
@@ -253,10 +260,14 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 		}
 	}
 	var src *k8s.Source
+	var health *k8s.Health
+	if kcfg != nil {
+		health = k8s.NewHealth(log)
+	}
 	switch opts.EndpointsSource {
 	case "":
 	case "kubernetes":
-		if src, err = k8s.NewSourceFromConfig(kcfg); err != nil {
+		if src, err = k8s.NewSourceFromConfig(kcfg, health); err != nil {
 			return usageErrorf("--endpoints-source kubernetes: %v", err)
 		}
 		// After the server has stopped (deferred below, so run later):
@@ -274,6 +285,15 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 	}
 	if src != nil {
 		gcfg.EndpointSource = src
+	}
+	if health != nil {
+		gcfg.Collectors = health.Collectors()
+	}
+	if opts.RulesFrom == "kubernetes" && !opts.AllowAdminRuleWrites {
+		ns := opts.RulesNamespace
+		gcfg.RuleOwner = func(name string) string {
+			return fmt.Sprintf("the Rule object %s/%s (rules.llmgw.io; kubectl -n %s edit rules.llmgw.io %s)", ns, name, ns, name)
+		}
 	}
 	srv, err := gateway.New(gcfg)
 	if err != nil {
@@ -298,7 +318,11 @@ func serveRun(cmd *cobra.Command, opts *ServeOptions) error {
 		if err != nil {
 			return usageErrorf("--rules-from kubernetes: %v", err)
 		}
-		if err := k8s.NewRuleSync(dyn, opts.RulesNamespace, srv, log).Run(runCtx, &syncs); err != nil {
+		var esrc gateway.EndpointSource
+		if src != nil {
+			esrc = src
+		}
+		if err := k8s.NewRuleSync(dyn, opts.RulesNamespace, srv, esrc, health, log).Run(runCtx, &syncs); err != nil {
 			return fmt.Errorf("--rules-from kubernetes: %w", err)
 		}
 	}

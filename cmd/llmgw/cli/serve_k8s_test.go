@@ -1,12 +1,17 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,7 +85,8 @@ func TestServeFromKubernetes(t *testing.T) {
 	})
 
 	ios, _, _ := TestIO()
-	ios.ErrOut = io.Discard
+	errOut := &lockedBuffer{}
+	ios.ErrOut = errOut
 	root := NewRootCmd(ios)
 	root.SetArgs([]string{"serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--state-dir", t.TempDir(), "--log-level", "error",
 		"--endpoints-source", "kubernetes", "--rules-from", "kubernetes", "--rules-namespace", ns, "--kubeconfig", env.Kubeconfig(t), "--drain-window", "0s"})
@@ -96,6 +102,26 @@ func TestServeFromKubernetes(t *testing.T) {
 		ef, _, _ := unstructured.NestedString(u.Object, "status", "effective", "endpoints_from", "namespace")
 		return len(conds) == 1 && conds[0].(map[string]any)["status"] == "True" && ef == ns
 	})
+	// One source of truth: the admin API refuses rule writes, naming the
+	// Rule object.
+	var admin string
+	waitCond(t, 30*time.Second, "serve's start line", func() bool {
+		m := regexp.MustCompile(`admin http://(\S+),`).FindStringSubmatch(errOut.String())
+		if m != nil {
+			admin = m[1]
+		}
+		return m != nil
+	})
+	req, _ := http.NewRequest(http.MethodDelete, "http://"+admin+"/v1/rules/pool", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), "rules_managed") || !strings.Contains(string(body), "the Rule object serve/pool") {
+		t.Errorf("DELETE /v1/rules/pool under --rules-from kubernetes: %s %s, want 409 rules_managed naming the Rule object serve/pool", resp.Status, body)
+	}
 	cancel()
 	select {
 	case err := <-done:
@@ -105,6 +131,25 @@ func TestServeFromKubernetes(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop after its context ended")
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the command's writes and the
+// test's reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // waitCond polls cond every 20 ms until it holds, failing after d.
