@@ -125,7 +125,7 @@ func newMetrics(s *Server) *metrics {
 		Name: "llmgw_pd_decode_ttft_seconds", Help: "Time from sending the decode leg to its response headers.", Buckets: latencyBuckets,
 	}, []string{"rule"})
 	m.pdKVParams = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_pd_handoff_params_total", Help: "Hand-off parameters (the engine adapter's hand-off object, carried from the prefill answer to the decode) found or missing in prefill answers.",
+		Name: "llmgw_pd_handoff_params_total", Help: "Hand-off parameters (the engine adapter's hand-off object, carried from the prefill answer to the decode) found or missing in prefill answers; out_of_band: none to carry, the KV moves between the engines (vLLM P2P-NCCL, p2p_nccl_port).",
 	}, []string{"rule", "outcome"})
 	m.pdEarlyExit = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmgw_pd_early_exit_total", Help: "TRT-LLM requests answered entirely by the context phase.",

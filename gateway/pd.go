@@ -573,11 +573,18 @@ func (r *pdRequest) twoPhase(leg string) error {
 			r.relayEarly(P, pr, h.Final)
 			return nil
 		}
-		if h.Params == nil && !h.OutOfBand {
+		switch {
+		case h.OutOfBand:
+			// Said, not silent: nothing went through the gateway
+			// (vLLM P2P-NCCL).
+			r.route += " kv-out-of-band"
+		case h.Params == nil:
 			r.route += " " + h.Missing + " recompute"
 		}
 	}
-	if !h.OutOfBand {
+	if h.OutOfBand {
+		m.pdKVParams.WithLabelValues(name, "out_of_band").Inc()
+	} else {
 		outcome := "found"
 		if h.Params == nil {
 			outcome = "missing"

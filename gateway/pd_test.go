@@ -490,6 +490,9 @@ func TestPDVLLMNixlPortKeepsTheNixlHandOff(t *testing.T) {
 				if pl.Role != engines.PDLegNone || len(dr[0].HandOff) != 0 {
 					t.Errorf("P2P-NCCL legs carry hand-off fields: prefill %s, decode %s", pr[0].HandOff, dr[0].HandOff)
 				}
+				if !strings.HasSuffix(route, " kv-out-of-band") || s.metricValue(t, "llmgw_pd_handoff_params_total", "pd", "out_of_band") != 1 {
+					t.Errorf("route %q: the out-of-band hand-off is not said (route, llmgw_pd_handoff_params_total)", route)
+				}
 				return
 			}
 			if pl.Role != engines.PDLegPrefill {
