@@ -33,27 +33,8 @@ import (
 // whose endpoints are discovered pods is applied by the command (its status
 // says Accepted with the effective rule), and the command stops cleanly.
 func TestServeFromKubernetes(t *testing.T) {
-	env := k8stest.Start(t)
-	dyn, err := dynamic.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	crdYAML, err := os.ReadFile(filepath.Join(k8stest.RepoRoot(t), "deploy", "helm", "llmgw", "crds", "rules.llmgw.io.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	crd := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(crdYAML, &crd.Object); err != nil {
-		t.Fatal(err)
-	}
-	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	if _, err := dyn.Resource(crdGVR).Create(t.Context(), crd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "serve"
-	if _, err := env.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	env, dyn := startRuleCluster(t, ns)
 	s, err := sim.Start(context.Background(), sim.Config{Engine: engines.VLLM, Model: "m", Listen: "127.0.0.31:0", KVEvents: sim.KVEventsOff})
 	if err != nil {
 		t.Fatal(err)
@@ -166,4 +147,31 @@ func waitCond(t *testing.T, d time.Duration, what string, cond func() bool) {
 		case <-tick.C:
 		}
 	}
+}
+
+// startRuleCluster starts a real API server with the chart's Rule CRD
+// installed and namespace ns created.
+func startRuleCluster(t *testing.T, ns string) (*k8stest.Env, dynamic.Interface) {
+	t.Helper()
+	env := k8stest.Start(t)
+	dyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crdYAML, err := os.ReadFile(filepath.Join(k8stest.RepoRoot(t), "deploy", "helm", "llmgw", "crds", "rules.llmgw.io.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal(crdYAML, &crd.Object); err != nil {
+		t.Fatal(err)
+	}
+	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	if _, err := dyn.Resource(crdGVR).Create(t.Context(), crd, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return env, dyn
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,9 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
-	"sigs.k8s.io/yaml"
 
 	"github.com/llmgw/llmgw/engines"
 	"github.com/llmgw/llmgw/engines/sim"
@@ -95,27 +91,8 @@ func (rs *replicaSet) dial(ctx context.Context) (net.Conn, error) {
 // turn (SIGTERM, a new one started, wait until it is ready): not one
 // request fails, streamed or not.
 func TestRollingRestartNoFailedRequests(t *testing.T) {
-	env := k8stest.Start(t)
-	dyn, err := dynamic.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	crdYAML, err := os.ReadFile(filepath.Join(k8stest.RepoRoot(t), "deploy", "helm", "llmgw", "crds", "rules.llmgw.io.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	crd := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(crdYAML, &crd.Object); err != nil {
-		t.Fatal(err)
-	}
-	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	if _, err := dyn.Resource(crdGVR).Create(t.Context(), crd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "rolling"
-	if _, err := env.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	env, dyn := startRuleCluster(t, ns)
 
 	// Two engine pods on one port, on two loopback addresses.
 	var port int
