@@ -167,4 +167,3 @@ func TestSiteInChromium(t *testing.T) {
 		t.Error(p)
 	}
 }
-
