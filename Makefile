@@ -138,11 +138,12 @@ report-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
 # report-screenshots: a small results store (runbook converged in two
-# modes and runbook pd, on simulators), its HTML report, and PNGs of the
+# modes, exact twice for a trend, and runbook pd, on simulators), its HTML report, and PNGs of the
 # matrix and of one run page, in $(REPORT_OUT)/.
 REPORT_OUT ?= /tmp/llmgw-report
 report-screenshots: build
 	rm -rf $(REPORT_OUT) && mkdir -p $(REPORT_OUT)
+	./bin/llmgw runbook converged --out $(REPORT_OUT)/store --mode exact >/dev/null
 	./bin/llmgw runbook converged --out $(REPORT_OUT)/store --mode exact >/dev/null
 	./bin/llmgw runbook converged --out $(REPORT_OUT)/store --mode rr >/dev/null
 	./bin/llmgw runbook pd --out $(REPORT_OUT)/store >/dev/null

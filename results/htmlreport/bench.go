@@ -169,10 +169,10 @@ func (b Bench) page(site string) (*benchPage, error) {
 				continue
 			}
 			v.Bars = append(v.Bars, bar{Target: r.Target, Y: len(v.Bars) * 34,
-				W50: width(r.AddedP50, top), W99: width(r.AddedP99, top), P50: r.AddedP50.String(), P99: r.AddedP99.String()})
+				W50: width(r.AddedP50, top), W99: width(r.AddedP99, top), P50: label(r.AddedP50), P99: label(r.AddedP99)})
 		}
 		v.Height = len(v.Bars)*34 + 4
-		v.Scale = top.String()
+		v.Scale = label(top)
 		p.Overhead = append(p.Overhead, v)
 	}
 	return p, nil
@@ -186,3 +186,6 @@ func width(d, top time.Duration) int {
 	}
 	return max(1, int(float64(d)/float64(top)*chartWidth))
 }
+
+// label is a duration as the chart prints it (to the microsecond).
+func label(d time.Duration) string { return d.Round(time.Microsecond).String() }

@@ -348,3 +348,54 @@ func TestWriteRefusesForeignDir(t *testing.T) {
 		})
 	}
 }
+
+// FuzzEvidence renders arbitrary evidence bytes under an exchange, a JSON
+// and a document name: the run page never gains an element or attribute
+// from them.
+func FuzzEvidence(f *testing.F) {
+	f.Add([]byte(hostile))
+	f.Add([]byte(`{"method":"GET","url":"x","status":200,"response_body":"<script>x</script>"}`))
+	f.Add([]byte{0xff, 0x00, '<'})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		runDir, site := t.TempDir(), t.TempDir()
+		if err := os.MkdirAll(filepath.Join(runDir, "evidence"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		p := &runPage{Run: &results.Run{ID: "r"}}
+		for _, name := range []string{"evidence/a" + "-exchange.json", "evidence/b.json", "evidence/c.html"} {
+			if err := os.WriteFile(filepath.Join(runDir, filepath.FromSlash(name)), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ev, err := copyEvidence(site, "r", runDir, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev.Anchor = "ev"
+			p.Evidence = append(p.Evidence, ev)
+		}
+		var b strings.Builder
+		if err := pages.ExecuteTemplate(&b, "run.html", p); err != nil {
+			t.Fatal(err)
+		}
+		doc, err := html.Parse(strings.NewReader(b.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		walk(doc, func(n *html.Node) {
+			if n.Type != html.ElementNode {
+				return
+			}
+			switch n.Data {
+			case "script", "img", "iframe", "object", "embed", "svg", "form", "style":
+				if n.Data != "style" || n.Parent == nil || n.Parent.Data != "head" {
+					t.Errorf("evidence %q made a <%s>", data, n.Data)
+				}
+			}
+			for _, a := range n.Attr {
+				if strings.HasPrefix(a.Key, "on") {
+					t.Errorf("evidence %q made an attribute %s", data, a.Key)
+				}
+			}
+		})
+	})
+}
