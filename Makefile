@@ -149,3 +149,27 @@ fuzz:
 
 clean:
 	rm -rf bin
+
+# report-deps: Debian's chromium for the HTML report's browser test
+# (results/htmlreport; under CI=true it fails without it).
+.PHONY: report-deps report-screenshots
+report-deps:
+	@command -v chromium >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
+# report-screenshots: a small results store (runbook converged in two
+# modes, exact twice for a trend, and runbook pd, on simulators), its HTML report, and PNGs of the
+# matrix and of one run page, in $(REPORT_OUT)/.
+REPORT_OUT ?= /tmp/llmgw-report
+report-screenshots: build
+	rm -rf $(REPORT_OUT) && mkdir -p $(REPORT_OUT)
+	./bin/llmgw runbook converged --out $(REPORT_OUT)/store --mode exact >/dev/null
+	./bin/llmgw runbook converged --out $(REPORT_OUT)/store --mode exact >/dev/null
+	./bin/llmgw runbook converged --out $(REPORT_OUT)/store --mode rr >/dev/null
+	./bin/llmgw runbook pd --out $(REPORT_OUT)/store >/dev/null
+	./bin/llmgw results report --out $(REPORT_OUT)/store --html $(REPORT_OUT)/site --all --bench results/htmlreport/testdata/bench
+	chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,900 \
+	  --screenshot=$(REPORT_OUT)/matrix.png file://$(abspath $(REPORT_OUT))/site/index.html
+	chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,2400 \
+	  --screenshot=$(REPORT_OUT)/run.png file://$$(ls -d $(abspath $(REPORT_OUT))/site/runs/*.html | head -1)
+	@echo "wrote $(REPORT_OUT)/matrix.png and $(REPORT_OUT)/run.png (site: $(REPORT_OUT)/site/index.html)"

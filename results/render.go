@@ -71,8 +71,9 @@ func Render(w io.Writer, f Format, rows []RunSummary) error {
 var Columns = []string{"RUN", "ENGINE", "VERSION", "PROFILE", "TOPOLOGY", "MODE", "LAUNCHER", "WORKERS",
 	"VERDICT", "REASON", "DIRECT", "DELIVERY", "ROUTING", "PARITY", "CACHE", "PERF", "ARTIFACT"}
 
-// workersKind says what kind of workers produced a row.
-func workersKind(t Tuple) string {
+// WorkersKind says what kind of workers produced a row: simulated,
+// attached or launched.
+func WorkersKind(t Tuple) string {
 	switch {
 	case t.SimulatedWorkers:
 		return "simulated"
@@ -95,8 +96,8 @@ func cells(r RunSummary) []string {
 	if reason == "" {
 		reason = "-"
 	}
-	c := []string{r.ID, r.Tuple.Engine, versionCell(r.Tuple), r.Tuple.Profile, r.Tuple.Topology, r.Tuple.Mode,
-		r.Tuple.Launcher, workersKind(r.Tuple), string(r.Verdict.Norm()), reason}
+	c := []string{r.ID, r.Tuple.Engine, VersionCell(r.Tuple), r.Tuple.Profile, r.Tuple.Topology, r.Tuple.Mode,
+		r.Tuple.Launcher, WorkersKind(r.Tuple), string(r.Verdict.Norm()), reason}
 	for _, s := range r.Lanes.List() {
 		c = append(c, string(s))
 	}
@@ -107,9 +108,9 @@ func cells(r RunSummary) []string {
 	return c
 }
 
-// versionCell is the catalog's engine version, and when the workers
+// VersionCell is the catalog's engine version, and when the workers
 // reported another one, both: "b7800≠b0-unknown" (catalog ≠ workers).
-func versionCell(t Tuple) string {
+func VersionCell(t Tuple) string {
 	if t.VersionMismatch && t.WorkerEngineVersion != "" {
 		return dash(t.EngineVersion) + "≠" + t.WorkerEngineVersion
 	}
@@ -505,7 +506,7 @@ func WriteJUnit(w io.Writer, rows []RunSummary) error {
 				{Name: "run", Value: r.ID},
 				{Name: "engine_version", Value: r.Tuple.EngineVersion},
 				{Name: "launcher", Value: r.Tuple.Launcher},
-				{Name: "workers", Value: workersKind(r.Tuple)},
+				{Name: "workers", Value: WorkersKind(r.Tuple)},
 				{Name: "artifact_id", Value: r.ArtifactID},
 			},
 		}
@@ -560,7 +561,7 @@ func WriteRunDetail(w io.Writer, r *Run, tty bool, width int) error {
 	t := r.Tuple
 	fmt.Fprintf(&b, "run\t%s\ncase\t%s\nverdict\t%s\n", r.ID, t.CaseID(), r.Verdict.Norm())
 	fmt.Fprintf(&b, "engine\t%s %s\nprofile\t%s\ntopology\t%s\nmode\t%s\nlauncher\t%s\nworkers\t%s",
-		t.Engine, dash(t.EngineVersion), t.Profile, t.Topology, t.Mode, t.Launcher, workersKind(t))
+		t.Engine, dash(t.EngineVersion), t.Profile, t.Topology, t.Mode, t.Launcher, WorkersKind(t))
 	if t.Workers > 0 {
 		fmt.Fprintf(&b, " (%d)", t.Workers)
 	}
@@ -592,11 +593,7 @@ func WriteRunDetail(w io.Writer, r *Run, tty bool, width int) error {
 	headers := []string{"STEP", "STATUS", "CODE", "DURATION", "REASON", "EVIDENCE"}
 	data := make([][]string, len(r.Steps))
 	for i, st := range r.Steps {
-		d := "-"
-		if !st.Started.IsZero() && !st.Ended.IsZero() {
-			d = st.Ended.Sub(st.Started).Round(time.Millisecond).String()
-		}
-		data[i] = []string{st.Name, string(st.Status.Norm()), dash(st.ReasonCode), d, dash(st.Reason), dash(strings.Join(st.Evidence, ","))}
+		data[i] = []string{st.Name, string(st.Status.Norm()), dash(st.ReasonCode), st.DurationText(), dash(st.Reason), dash(strings.Join(st.Evidence, ","))}
 		for j := range data[i] {
 			data[i][j] = oneLine(data[i][j]) // lipgloss would wrap a row at a line break
 		}

@@ -282,8 +282,8 @@ func TestVersionMismatchOnTheRow(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := versionCell(tc.tuple); got != tc.wantCell {
-				t.Errorf("versionCell = %q; want %q", got, tc.wantCell)
+			if got := VersionCell(tc.tuple); got != tc.wantCell {
+				t.Errorf("VersionCell = %q; want %q", got, tc.wantCell)
 			}
 		})
 	}

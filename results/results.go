@@ -166,6 +166,15 @@ type Step struct {
 	Evidence   []string  `json:"evidence,omitempty"`
 }
 
+// DurationText is the step's duration rounded to the millisecond ("1.25s"),
+// or "-" when it has no start or end time.
+func (s Step) DurationText() string {
+	if s.Started.IsZero() || s.Ended.IsZero() {
+		return "-"
+	}
+	return s.Ended.Sub(s.Started).Round(time.Millisecond).String()
+}
+
 var codePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 
 func (s Step) validate() error {

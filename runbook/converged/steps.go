@@ -154,9 +154,9 @@ func (s *state) direct(ctx context.Context, r *runbook.Run) runbook.Outcome {
 		ex, err := labkit.Do(ctx, s.client, http.MethodPost, "http://"+w.HTTP+labkit.CompletionPath(s.chat()),
 			labkit.RequestBody(s.chat(), s.spec.Model, "Direct check of worker "+w.ID+" in run "+r.ID+": reply with one word.", nonce, false),
 			map[string]string{"X-Request-Id": nonce})
-		out = out.With(w.ID+"-exchange.json", ex.JSON())
+		out = out.With(w.ID+labkit.ExchangeSuffix, ex.JSON())
 		if err != nil {
-			return labkit.FailErr(ctx, "DIRECT_REQUEST_FAILED", fmt.Errorf("worker %s: %w", w.ID, err)).With(w.ID+"-exchange.json", ex.JSON())
+			return labkit.FailErr(ctx, "DIRECT_REQUEST_FAILED", fmt.Errorf("worker %s: %w", w.ID, err)).With(w.ID+labkit.ExchangeSuffix, ex.JSON())
 		}
 		if ex.Status != http.StatusOK {
 			return labkit.WithEvidence(runbook.Fail("DIRECT_REQUEST_FAILED", "worker %s answered %d: %.200s", w.ID, ex.Status, ex.Body), out)

@@ -33,6 +33,10 @@ type Exchange struct {
 // answer).
 func (e Exchange) Get(k string) string { return e.Header[http.CanonicalHeaderKey(k)] }
 
+// ExchangeSuffix ends the name of every evidence file that holds an
+// Exchange's JSON (renderers show such files as request and answer).
+const ExchangeSuffix = "-exchange.json"
+
 // JSON is the exchange as an evidence file.
 func (e Exchange) JSON() []byte { return MustJSON(e) }
 

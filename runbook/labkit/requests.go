@@ -92,7 +92,7 @@ func Kind(stream bool) string {
 func Deliver(ctx context.Context, c *http.Client, url, rid string, body []byte, stream bool, out runbook.Outcome) (Exchange, runbook.Outcome, bool) {
 	kind := Kind(stream)
 	ex, err := Do(ctx, c, http.MethodPost, url, body, map[string]string{"X-Request-Id": rid})
-	out = out.With(kind+"-exchange.json", ex.JSON())
+	out = out.With(kind+ExchangeSuffix, ex.JSON())
 	if err != nil {
 		return ex, WithEvidence(FailErr(ctx, "DELIVERY_FAILED", err), out), false
 	}

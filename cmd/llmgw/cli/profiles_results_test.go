@@ -273,3 +273,56 @@ func TestResultsReadCommandsCreateNothing(t *testing.T) {
 		t.Errorf("reading commands created %s (stat error %v)", dir, err)
 	}
 }
+
+// TestResultsReportCommand: results report writes a page per named run
+// (or every run with --all) and refuses what it cannot do with a reason.
+func TestResultsReportCommand(t *testing.T) {
+	dir, _ := seedResults(t)
+	foreign := t.TempDir()
+	if err := os.WriteFile(filepath.Join(foreign, "mine.txt"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		args      []string
+		site      string // "" = a fresh directory
+		wantCode  ExitCode
+		wantErr   string
+		wantPages []string
+	}{
+		{name: "all", args: []string{"--all"}, wantPages: []string{"index.html", "trends.html", "runs/run-pass.html", "runs/run-blocked.html"}},
+		{name: "one run", args: []string{"run-blocked"}, wantPages: []string{"index.html", "runs/run-blocked.html"}},
+		{name: "bench", args: []string{"--all", "--bench", filepath.Join("..", "..", "..", "results", "htmlreport", "testdata", "bench")}, wantPages: []string{"bench.html"}},
+		{name: "neither runs nor --all", wantCode: ExitUsage, wantErr: "name the runs to report, or give --all"},
+		{name: "both", args: []string{"--all", "run-pass"}, wantCode: ExitUsage, wantErr: "not both"},
+		{name: "unknown run", args: []string{"nope"}, wantCode: ExitUsage, wantErr: `unknown run "nope"`},
+		{name: "foreign directory", args: []string{"--all"}, site: foreign, wantCode: ExitUsage, wantErr: "holds no earlier report"},
+		{name: "bench without a report", args: []string{"--all", "--bench", dir}, wantCode: ExitUsage, wantErr: "no benchmark report"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			site := tc.site
+			if site == "" {
+				site = filepath.Join(t.TempDir(), "site")
+			}
+			args := append([]string{"results", "report", "--html", site, "--out", dir}, tc.args...)
+			code, _, errOut := runCLI(t, false, args...)
+			if code != tc.wantCode {
+				t.Fatalf("exit code = %d; want %d; stderr: %s", code, tc.wantCode, errOut)
+			}
+			if tc.wantErr != "" && !strings.Contains(errOut, tc.wantErr) {
+				t.Errorf("stderr = %q; want it to contain %q", errOut, tc.wantErr)
+			}
+			for _, p := range tc.wantPages {
+				if _, err := os.Stat(filepath.Join(site, filepath.FromSlash(p))); err != nil {
+					t.Errorf("page %s: %v", p, err)
+				}
+			}
+			if tc.name == "one run" {
+				if _, err := os.Stat(filepath.Join(site, "runs", "run-pass.html")); err == nil {
+					t.Error("a run not named got a page")
+				}
+			}
+		})
+	}
+}

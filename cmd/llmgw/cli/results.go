@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/llmgw/llmgw/results"
+	"github.com/llmgw/llmgw/results/htmlreport"
 )
 
 // ResultsOptions are the inputs of `llmgw results`.
@@ -49,6 +50,8 @@ runs are appended to <out>/history.jsonl and never rewritten.
   llmgw results show RUN                  the run's steps, reasons, timing and evidence
   llmgw results verify RUN                recompute every hash; exit 3 naming any tampered file
   llmgw results export -o md|json|yaml|junit|tsv [--run ID ...] [--file PATH]
+  llmgw results report --html DIR RUN...|--all [--bench PATH ...]
+                                          a static HTML site: matrix, run pages, trends
 
 The results directory is --out (LLMGW_OUT), by default
 $XDG_DATA_HOME/llmgw/results, else ~/.local/share/llmgw/results: outside any
@@ -107,7 +110,43 @@ Rows from simulated workers qualify the gateway's behaviour, not the engine.`,
 	_ = export.RegisterFlagCompletionFunc("run", completeRunIDs(&opts.Out))
 	export.Flags().StringVar(&opts.File, "file", "", "write to this file instead of standard output")
 
-	cmd.AddCommand(list, show, verify, export)
+	var rep reportFlags
+	report := &cobra.Command{
+		Use:   "report --html DIR RUN...|--all",
+		Short: "Write the runs as a self-contained static HTML site (matrix, run pages, trends, benchmarks)",
+		Long: `Write a static site into DIR, readable in any browser from the file system
+(nothing is fetched: CSS is inline, links are relative):
+
+  index.html        the qualification matrix, one row per engine x profile x
+                    mode x topology and kind of workers (simulated, attached,
+                    launched): the latest run's verdict and evidence lanes,
+                    colour-coded; a script adds filters (without it every
+                    row shows)
+  runs/RUN.html     each run: its version tuple (the catalog's engine version
+                    and the one the workers reported), lanes and their
+                    sources, the steps in order (status, code, duration,
+                    reason) and every evidence file, rendered (JSON indented,
+                    *-exchange.json as request and response) and linked raw
+                    under runs/RUN/
+  trends.html       every run of each matrix row, oldest first
+  bench.html        with --bench: the bench routing chart and tables, and
+                    the added latency of each bench overhead report
+
+Name the runs, or give --all for every finished run. DIR must not exist, be
+empty, or hold an earlier report (which is replaced). Evidence is shown
+escaped; a raw copy a browser would open as a document (.html, .svg, ...)
+gets ".txt" appended.`,
+		Example: `  llmgw results report --html /tmp/report --all
+  llmgw results report --html /tmp/report --all --bench /tmp/llmgw-bench
+  llmgw results report --html /tmp/report 20261208T021500Z-vllm-qwen3-0.6b-exact-1a2b3c`,
+		ValidArgsFunction: completeRunIDs(&opts.Out),
+		RunE:              func(_ *cobra.Command, args []string) error { return resultsReport(opts, rep, args) },
+	}
+	report.Flags().StringVar(&rep.HTML, "html", "", "directory to write the site into (required)")
+	report.Flags().BoolVar(&rep.All, "all", false, "every finished run (instead of naming runs)")
+	report.Flags().StringSliceVar(&rep.Bench, "bench", nil, "bench results to include: a directory holding routing.json (bench routing --out) or overhead*.json (bench overhead --json), or one such file (repeatable)")
+
+	cmd.AddCommand(list, show, verify, export, report)
 	return cmd
 }
 
@@ -279,5 +318,66 @@ func resultsExport(opts *ResultsOptions) error {
 	if err := results.WriteFileAtomic(opts.File, buf.Bytes()); err != nil {
 		return fmt.Errorf("results export: %w", err)
 	}
+	return nil
+}
+
+// reportFlags are the flags of results report.
+type reportFlags struct {
+	HTML  string
+	All   bool
+	Bench []string
+}
+
+func resultsReport(opts *ResultsOptions, f reportFlags, ids []string) error {
+	switch {
+	case f.HTML == "":
+		return usageErrorf("results report needs --html DIR")
+	case f.All && len(ids) > 0:
+		return usageErrorf("results report: name runs or give --all, not both")
+	case !f.All && len(ids) == 0:
+		return usageErrorf("results report: name the runs to report, or give --all (see 'llmgw results list')")
+	}
+	bench, err := htmlreport.LoadBench(f.Bench)
+	if err != nil {
+		return usageErrorf("%v", err)
+	}
+	s, ok, err := openResults(opts.Out)
+	if err != nil {
+		return err
+	}
+	if !ok && len(ids) > 0 {
+		return opts.runNotFound(ids[0], results.ErrRunNotFound)
+	}
+	if f.All && ok {
+		rows, err := s.List()
+		if err != nil {
+			return err
+		}
+		seen := map[string]bool{}
+		for _, r := range rows {
+			if !seen[r.ID] {
+				seen[r.ID] = true
+				ids = append(ids, r.ID)
+			}
+		}
+	}
+	site := htmlreport.Site{Bench: bench}
+	if s != nil {
+		site.RunDir = s.RunDir
+	}
+	for _, id := range ids {
+		run, err := s.Get(id)
+		if err != nil {
+			return opts.runNotFound(id, err)
+		}
+		site.Runs = append(site.Runs, run)
+	}
+	if err := htmlreport.Write(f.HTML, site); err != nil {
+		if errors.Is(err, htmlreport.ErrNotReportDir) {
+			return usageErrorf("--html: %v", err)
+		}
+		return err
+	}
+	fmt.Fprintf(opts.IO.ErrOut, "wrote %d runs to %s\n", len(site.Runs), filepath.Join(f.HTML, "index.html"))
 	return nil
 }
