@@ -54,16 +54,7 @@ func TestServeFromKubernetes(t *testing.T) {
 	if _, err := env.Client.CoreV1().Pods(ns).UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The CRD may take a moment to be served.
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "llmgw.io/v1alpha1", "kind": "Rule", "metadata": map[string]any{"name": "pool"},
-		"spec": map[string]any{"model_name": "m", "probe": map[string]any{"disabled": true},
-			"endpoints_from": map[string]any{"namespace": ns, "selector": map[string]any{"app": "engine"}, "target_ports": []any{int64(port)}}},
-	}}
-	waitCond(t, 30*time.Second, "the Rule object created", func() bool {
-		_, err := dyn.Resource(k8s.RuleResource).Namespace(ns).Create(t.Context(), obj, metav1.CreateOptions{})
-		return err == nil
-	})
+	createPoolRule(t, dyn, ns, port)
 
 	ios, _, _ := TestIO()
 	errOut := &lockedBuffer{}
@@ -174,4 +165,20 @@ func startRuleCluster(t *testing.T, ns string) (*k8stest.Env, dynamic.Interface)
 		t.Fatal(err)
 	}
 	return env, dyn
+}
+
+// createPoolRule creates Rule "pool" in ns: model "m", its endpoints the
+// pods labelled app=engine on port. It retries until the API server serves
+// the just-installed CRD.
+func createPoolRule(t *testing.T, dyn dynamic.Interface, ns string, port int) {
+	t.Helper()
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "llmgw.io/v1alpha1", "kind": "Rule", "metadata": map[string]any{"name": "pool"},
+		"spec": map[string]any{"model_name": "m", "probe": map[string]any{"disabled": true},
+			"endpoints_from": map[string]any{"namespace": ns, "selector": map[string]any{"app": "engine"}, "target_ports": []any{int64(port)}}},
+	}}
+	waitCond(t, 30*time.Second, "the Rule object created", func() bool {
+		_, err := dyn.Resource(k8s.RuleResource).Namespace(ns).Create(t.Context(), obj, metav1.CreateOptions{})
+		return err == nil
+	})
 }

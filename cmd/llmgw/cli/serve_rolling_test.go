@@ -121,15 +121,7 @@ func TestRollingRestartNoFailedRequests(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "llmgw.io/v1alpha1", "kind": "Rule", "metadata": map[string]any{"name": "pool"},
-		"spec": map[string]any{"model_name": "m", "probe": map[string]any{"disabled": true},
-			"endpoints_from": map[string]any{"namespace": ns, "selector": map[string]any{"app": "engine"}, "target_ports": []any{int64(port)}}},
-	}}
-	waitCond(t, 30*time.Second, "the Rule object created", func() bool {
-		_, err := dyn.Resource(k8s.RuleResource).Namespace(ns).Create(t.Context(), obj, metav1.CreateOptions{})
-		return err == nil
-	})
+	createPoolRule(t, dyn, ns, port)
 
 	binDir := t.TempDir()
 	bctx, bcancel := context.WithTimeout(t.Context(), 5*time.Minute)
