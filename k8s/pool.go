@@ -60,13 +60,7 @@ func (s *Source) watchPool(ctx context.Context, from rule.EndpointsFrom, update 
 		return nil, &rule.AdmissionError{Code: rule.CodeEndpointsFrom, Field: "endpoints_from.inference_pool",
 			Message: "this endpoint source has no dynamic client to read InferencePools (k8s.NewSourceFromConfig gives it one)"}
 	}
-	changed := make(chan struct{}, 1)
-	kick := func([]string) {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
+	changed, kick := changeSignal()
 	wctx, cancel := context.WithCancel(ctx)
 	var run sync.WaitGroup
 	attrs := []any{"namespace", from.Namespace, "inference_pool", from.InferencePool}

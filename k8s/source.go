@@ -100,13 +100,7 @@ func (s *Source) Watch(ctx context.Context, from rule.EndpointsFrom, update func
 	if from.InferencePool != "" {
 		return s.watchPool(ctx, from, update)
 	}
-	changed := make(chan struct{}, 1)
-	kick := func([]string) {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
+	changed, kick := changeSignal()
 	wctx, cancel := context.WithCancel(ctx)
 	var run sync.WaitGroup
 	var pods, sl *watched
@@ -318,4 +312,17 @@ func ParseServiceRef(s string) (rule.EndpointsFrom, error) {
 		return rule.EndpointsFrom{}, fmt.Errorf("k8s: %q: %w", s, err)
 	}
 	return from, nil
+}
+
+// changeSignal returns a channel of capacity one and a store callback that
+// signals it without blocking: changes that come while one is pending
+// coalesce into it, and the reader recomputes from the stores.
+func changeSignal() (<-chan struct{}, func([]string)) {
+	changed := make(chan struct{}, 1)
+	return changed, func([]string) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
 }
